@@ -565,13 +565,19 @@ int64_t ckpt_step_of_name(const char *name);
 /* run_dir/step_<step, 8 digits at least>; out_size at least CKPT_PATH_MAX. */
 int ckpt_step_path(const char *run_dir, int64_t step, char *out, size_t out_size);
 
-/* Whether dir is a committed checkpoint (its index.json is there). */
+/* Whether dir is a committed checkpoint (its index.json is there): 1 only
+ * when its store says so; a store that cannot be asked is 0 too, so this is
+ * for a directory this process just wrote, or a check whose "no" is
+ * harmless. What must tell "not there" from "could not ask" (which
+ * checkpoints a run has) uses ckpt_candidates and ckpt_resolve, which
+ * fail on the store's failure. */
 int ckpt_is_committed(const char *dir);
 
 /* Finds the checkpoint a path names: a checkpoint directory itself, or a run
  * directory, through its `latest` pointer or else its newest committed step_*
- * directory. Refuses a checkpoint still being written. out_size at least
- * CKPT_PATH_MAX. */
+ * directory. Refuses a checkpoint still being written. A store that cannot
+ * say whether an index is there fails, naming it (never read as "no
+ * checkpoint there"). out_size at least CKPT_PATH_MAX. */
 int ckpt_resolve(const char *path, char *out, size_t out_size);
 
 typedef struct {
@@ -582,8 +588,21 @@ typedef struct {
 /* The checkpoints a path offers, in the order to try them when resuming: a
  * checkpoint directory alone; in a run directory what `latest` names, then
  * every other committed step_* newest first. Fails with TP_ERR_NOT_FOUND when
- * there is none. *out is malloc'ed. */
+ * there is none; with the store's failure, naming what it was asked, when
+ * the store could not say whether a step is committed (a step left out
+ * would make an older one the newest). *out is malloc'ed. */
 int ckpt_candidates(const char *path, ckpt_candidate **out, int *count);
+
+/* Whether a failure to read a checkpoint is its store's, saying nothing of
+ * the checkpoint: the store did not answer, or answered an error (5xx,
+ * access denied), a redirect or something that is no answer to what was
+ * asked (an HTML page for a listing); a local disk's EIO or EACCES: all
+ * TP_ERR_IO. Whoever tries a run's checkpoints in turn (a resume) stops at
+ * such a failure, naming it, and goes on to an older checkpoint only past
+ * damage: a bad checksum, a file missing or truncated as the store
+ * reported, an index that does not parse (docs/FORMAT.md, "Finding a
+ * checkpoint"). */
+int ckpt_store_failure(int status);
 
 /* What a directory (or URL) given to a trainer for its checkpoints holds
  * (rundir.c): CKPT_DIR_FREE, no committed checkpoint (it does not exist, is

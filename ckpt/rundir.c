@@ -40,57 +40,83 @@ int ckpt_step_path(const char *run_dir, int64_t step, char *out, size_t out_size
     return tp_path_join(out, run_dir, name);
 }
 
-static int committed_in(const store_ops *storage, const char *dir)
+/* Whether dir is a committed checkpoint (its index.json is there), as the
+ * store says: a store that could not be asked (it did not answer, answered
+ * an error, a redirect or garbage; a local disk's EIO) fails, naming the
+ * index, and is never taken for a checkpoint that is not there: a resume
+ * would take an older one, and overwrite this one with its next save. */
+static int committed_in(const store_ops *storage, const char *dir, int *committed)
 {
     char index[CKPT_PATH_MAX];
-    return tp_path_join(index, dir, CKPT_INDEX_NAME) == TP_OK && store_exists(storage, index);
+    *committed = 0;
+    TP_TRY(tp_path_join(index, dir, CKPT_INDEX_NAME));
+    return store_exists(storage, index, committed);
 }
 
 int ckpt_is_committed(const char *dir)
 {
     const store_ops *storage;
-    return store_for(dir, &storage) == TP_OK && committed_in(storage, dir);
+    int committed = 0;
+    return store_for(dir, &storage) == TP_OK && committed_in(storage, dir, &committed) == TP_OK && committed;
 }
 
 /* Whether path is a staging directory, or a checkpoint a live writer is
- * writing now. */
+ * writing now. Only for a clearer refusal: a parent that cannot be listed
+ * (a local directory above the run that its user may not read) counts as
+ * no writer there, since what the caller asks next (is it committed?) asks
+ * the store itself, and fails if the store cannot be asked. */
 static int is_being_written(const store_ops *storage, const char *path)
 {
     char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX];
+    int live = 0;
     if (tp_split_path(path, parent, sizeof parent, base, sizeof base) != TP_OK) return 0;
-    return store_is_staging_name(base) || store_staging_live(storage, path);
+    return store_is_staging_name(base) || (store_staging_live(storage, path, &live) == TP_OK && live);
 }
 
-/* The checkpoint `latest` in run_dir names, when it is a committed one. */
-static int latest_checkpoint(const store_ops *storage, const char *run_dir, char *out)
+/* The checkpoint `latest` in run_dir names, when it is a committed one
+ * (*found 1). A `latest` that is missing, damaged (too long, NUL bytes) or
+ * names something else than a committed entry of run_dir is no pointer
+ * (*found 0); a store that cannot be asked fails. */
+static int latest_checkpoint(const store_ops *storage, const char *run_dir, char *out, int *found)
 {
     char latest_path[CKPT_PATH_MAX];
     char *latest = NULL;
-    if (tp_path_join(latest_path, run_dir, CKPT_LATEST_NAME) || !store_exists(storage, latest_path) ||
-        store_read_text(storage, latest_path, CKPT_PATH_MAX, &latest, NULL))
-        return 0;
+    int exists = 0;
+    *found = 0;
+    TP_TRY(tp_path_join(latest_path, run_dir, CKPT_LATEST_NAME));
+    TP_TRY(store_exists(storage, latest_path, &exists));
+    if (!exists) return TP_OK;
+    int status = store_read_text(storage, latest_path, CKPT_PATH_MAX, &latest, NULL);
+    /* Removed meanwhile, or damaged: no pointer. */
+    if (status == TP_ERR_NOT_FOUND || status == TP_ERR_FORMAT) return TP_OK;
+    TP_TRY(status);
     latest[strcspn(latest, "\r\n")] = '\0';
-    int ok = latest[0] && !strchr(latest, '/') && strcmp(latest, "..") != 0 && strcmp(latest, ".") != 0 &&
-             tp_path_join(out, run_dir, latest) == TP_OK && committed_in(storage, out);
+    if (latest[0] && !strchr(latest, '/') && strcmp(latest, "..") != 0 && strcmp(latest, ".") != 0 &&
+        tp_path_join(out, run_dir, latest) == TP_OK)
+        status = committed_in(storage, out, found);
     free(latest);
-    return ok;
+    return status;
 }
 
 int ckpt_resolve_in(const store_ops *storage, const char *path, char *out)
 {
     store_stat st;
-    if (is_being_written(storage, path) && !committed_in(storage, path))
+    int written = is_being_written(storage, path), committed = 0, found = 0;
+    if (written) TP_TRY(committed_in(storage, path, &committed));
+    if (written && !committed)
         return tp_fail(TP_ERR_NOT_FOUND,
                        "%s is a checkpoint still being written (not committed); use a committed one", path);
     TP_TRY(storage->stat(storage, path, &st));
     if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: no such checkpoint: %s", path, strerror(ENOENT));
     if (!st.is_dir) return tp_fail(TP_ERR_NOT_FOUND, "%s is not a checkpoint: not a directory", path);
-    if (committed_in(storage, path)) {
+    TP_TRY(committed_in(storage, path, &committed));
+    if (committed) {
         if (strlen(path) >= CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
         strcpy(out, path);
         return TP_OK;
     }
-    if (latest_checkpoint(storage, path, out)) return TP_OK;
+    TP_TRY(latest_checkpoint(storage, path, out, &found));
+    if (found) return TP_OK;
     /* No usable `latest`: the newest committed step_* directory. */
     ckpt_candidate *list = NULL;
     int count = 0;
@@ -106,6 +132,11 @@ int ckpt_resolve(const char *path, char *out, size_t out_size)
     if (out_size < CKPT_PATH_MAX) return tp_fail(TP_ERR_ARG, "path buffer too small");
     TP_TRY(store_for(path, &storage));
     return ckpt_resolve_in(storage, path, out);
+}
+
+int ckpt_store_failure(int status)
+{
+    return status == TP_ERR_IO;
 }
 
 static int by_step_descending(const void *a, const void *b)
@@ -126,7 +157,12 @@ static int add_candidate(void *ctx, const char *name)
     listing *l = ctx;
     int64_t step = ckpt_step_of_name(name);
     char candidate[CKPT_PATH_MAX];
-    if (step < 0 || tp_path_join(candidate, l->dir, name) || !committed_in(l->storage, candidate)) return TP_OK;
+    int committed = 0;
+    if (step < 0 || tp_path_join(candidate, l->dir, name)) return TP_OK;
+    /* A step whose index could not be asked about stops the listing: left
+     * out, an older checkpoint would be taken for the newest. */
+    TP_TRY(committed_in(l->storage, candidate, &committed));
+    if (!committed) return TP_OK;
     if (l->count == l->capacity) {
         int capacity = l->capacity ? 2 * l->capacity : 16;
         ckpt_candidate *grown = realloc(l->list, (size_t)capacity * sizeof *grown);
@@ -143,7 +179,9 @@ int ckpt_candidates_in(const store_ops *storage, const char *path, ckpt_candidat
 {
     *out = NULL;
     *count = 0;
-    if (committed_in(storage, path)) { /* a checkpoint itself, not a run directory */
+    int committed = 0, has_latest = 0;
+    TP_TRY(committed_in(storage, path, &committed));
+    if (committed) { /* a checkpoint itself, not a run directory */
         ckpt_candidate *one = calloc(1, sizeof *one);
         if (!one) return tp_fail(TP_ERR_NOMEM, "out of memory");
         if (strlen(path) >= sizeof one->path) {
@@ -158,7 +196,7 @@ int ckpt_candidates_in(const store_ops *storage, const char *path, ckpt_candidat
         return TP_OK;
     }
     char latest[CKPT_PATH_MAX];
-    int has_latest = latest_checkpoint(storage, path, latest);
+    TP_TRY(latest_checkpoint(storage, path, latest, &has_latest));
     listing l = {storage, path, NULL, 0, 0};
     int status = storage->list(storage, path, add_candidate, &l);
     ckpt_candidate *list = l.list;
@@ -194,23 +232,30 @@ int ckpt_candidates(const char *path, ckpt_candidate **out, int *count)
     return ckpt_candidates_in(storage, path, out, count);
 }
 
-/* Step recorded in the index of the checkpoint run_dir resolves to, or -1. */
-static int64_t resolved_step(const store_ops *storage, const char *run_dir)
+/* *step: the step recorded in the index of the checkpoint run_dir resolves
+ * to; -1 when it resolves to none, or to one whose index is missing or
+ * damaged. A store that cannot be asked fails: taken for -1, `latest` would
+ * be moved back over the newest checkpoint. */
+static int resolved_step(const store_ops *storage, const char *run_dir, int64_t *step)
 {
     char resolved[CKPT_PATH_MAX], index_path[CKPT_PATH_MAX];
-    if (ckpt_resolve_in(storage, run_dir, resolved) != TP_OK ||
-        tp_path_join(index_path, resolved, CKPT_INDEX_NAME) != TP_OK)
-        return -1;
+    *step = -1;
+    int status = ckpt_resolve_in(storage, run_dir, resolved);
+    if (status == TP_ERR_NOT_FOUND) return TP_OK; /* no committed checkpoint (or none yet) */
+    TP_TRY(status);
+    TP_TRY(tp_path_join(index_path, resolved, CKPT_INDEX_NAME));
     char *text = NULL;
     int64_t size = 0;
-    if (store_read_text(storage, index_path, CKPT_INDEX_MAX_BYTES, &text, &size) != TP_OK) return -1;
+    status = store_read_text(storage, index_path, CKPT_INDEX_MAX_BYTES, &text, &size);
+    if (status == TP_ERR_NOT_FOUND || status == TP_ERR_FORMAT) return TP_OK; /* gone meanwhile, or damaged */
+    TP_TRY(status);
     cJSON *root = NULL;
     tp_json_parse(text, (size_t)size, index_path, &root);
     free(text);
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(root, "step");
-    int64_t value = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : -1;
+    const cJSON *value = cJSON_GetObjectItemCaseSensitive(root, "step");
+    if (cJSON_IsNumber(value)) *step = (int64_t)value->valuedouble;
     cJSON_Delete(root);
-    return value;
+    return TP_OK;
 }
 
 int ckpt_run_dir_kind(const char *path, ckpt_dir_kind *kind, ckpt_candidate *newest)
@@ -229,7 +274,7 @@ int ckpt_run_dir_kind(const char *path, ckpt_dir_kind *kind, ckpt_candidate *new
     free(list);
     if (strcmp(newest->path, path) == 0) {
         *kind = CKPT_DIR_CHECKPOINT;
-        newest->step = resolved_step(storage, path); /* its index's: a checkpoint may have any name */
+        TP_TRY(resolved_step(storage, path, &newest->step)); /* its index's: a checkpoint may have any name */
     } else {
         *kind = CKPT_DIR_RUN;
     }
@@ -300,7 +345,9 @@ int ckpt_latest_update(const store_ops *storage, const char *run_dir, const char
     TP_TRY(storage->lock(storage, run_dir, STORE_LOCK_WAIT, &lock));
     const void *ctx[2] = {run_dir, storage};
     int status = storage->list(storage, run_dir, remove_dead_temporary, (void *)ctx);
-    if (!status && resolved_step(storage, run_dir) <= step) { /* never move `latest` backwards */
+    int64_t current = -1;
+    if (!status) status = resolved_step(storage, run_dir, &current);
+    if (!status && current <= step) { /* never move `latest` backwards */
         char line[CKPT_PATH_MAX + 2];
         int n = snprintf(line, sizeof line, "%s\n", name);
         status = store_write_file_atomic(storage, run_dir, CKPT_LATEST_NAME, line, (size_t)n);

@@ -11,10 +11,13 @@
 #include "../common/path.h"
 #include "store.h"
 
-int store_exists(const store_ops *storage, const char *path)
+int store_exists(const store_ops *storage, const char *path, int *exists)
 {
     store_stat st;
-    return storage->stat(storage, path, &st) == TP_OK && st.exists;
+    *exists = 0;
+    TP_TRY(storage->stat(storage, path, &st));
+    *exists = st.exists;
+    return TP_OK;
 }
 
 int store_write_file_atomic(const store_ops *storage, const char *dir, const char *name, const char *data,

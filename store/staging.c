@@ -265,10 +265,13 @@ static int scan_staging(const store_ops *s, const char *path, int remove_dead_en
     return status;
 }
 
-int store_staging_live(const store_ops *s, const char *path)
+int store_staging_live(const store_ops *s, const char *path, int *live)
 {
-    int live = 0;
-    return scan_staging(s, path, 0, &live) == TP_OK && live > 0;
+    int count = 0;
+    *live = 0;
+    TP_TRY(scan_staging(s, path, 0, &count));
+    *live = count > 0;
+    return TP_OK;
 }
 
 /* ------------------------------------------------------------- replacing */
@@ -277,7 +280,9 @@ int store_staging_live(const store_ops *s, const char *path)
 static int check_replace(const store_staged *st)
 {
     const store_ops *s = st->storage;
-    if (!store_exists(s, st->path)) return TP_OK;
+    int exists;
+    TP_TRY(store_exists(s, st->path, &exists));
+    if (!exists) return TP_OK;
     if (!st->overwrite)
         return tp_fail(TP_ERR_EXISTS, "%s already exists; refusing to replace it without --force", st->path);
     /* What may be replaced is the caller's rule (the checkpoint library's
@@ -408,7 +413,10 @@ static int wait_for_readers(store_staged *st, store_file **held)
     *held = NULL;
     double waited = 0, pause = 0.05;
     for (;;) {
-        if (atomic_load(&stopping) || !store_exists(s, st->path)) return TP_OK;
+        int exists = 0;
+        if (atomic_load(&stopping)) return TP_OK;
+        TP_TRY(store_exists(s, st->path, &exists));
+        if (!exists) return TP_OK;
         int status = s->lock(s, st->path, 0, held);
         if (status != TP_ERR_EXISTS) return status;
         if (waited >= st->wait_for_readers) return TP_OK;
@@ -443,7 +451,9 @@ int store_staged_publish(store_staged *st)
     pthread_mutex_lock(&registry_lock);
     if (!status && atomic_load(&stopping))
         status = tp_fail(TP_ERR_STATE, "%s: not published: the process is being stopped by a signal", st->path);
-    if (!status && (!st->overwrite || !store_exists(s, st->path))) {
+    int exists = 1;
+    if (!status && st->overwrite) status = store_exists(s, st->path, &exists);
+    if (!status && (!st->overwrite || !exists)) {
         status = s->rename(s, st->staging, st->path, STORE_RENAME_NOREPLACE);
         if (status == TP_ERR_EXISTS)
             tp_fail(TP_ERR_EXISTS, "%s appeared while this output was written (another writer?); not replaced%s",

@@ -116,7 +116,8 @@ void store_host_name(char *out, size_t out_size);
 int store_staging_path(const char *path, const char *owner, char *out, size_t out_size);
 /* Whether a directory entry's name is a staging name. */
 int store_is_staging_name(const char *name);
-/* Whether a live writer (holding its lock) is writing path now. */
-int store_staging_live(const store_ops *storage, const char *path);
+/* Whether a live writer (holding its lock) is writing path now: *live 1 or
+ * 0, or the failure to list path's parent (a missing parent is 0). */
+int store_staging_live(const store_ops *storage, const char *path, int *live);
 
 #endif

@@ -158,8 +158,12 @@ int store_file_pin(const store_ops *storage, store_file *file, const char *versi
 
 /* ----------------------------------------------------- small files (files.c) */
 
-/* Whether a path exists in a store. */
-int store_exists(const store_ops *storage, const char *path);
+/* Whether a path exists in a store: *exists 1 or 0 when the store answered
+ * (a missing path is 0), else its failure (it did not answer, answered an
+ * error, a redirect or garbage; a local disk's EIO or EACCES), naming the
+ * path: a store that could not be asked is never taken for one that said
+ * "not there". */
+int store_exists(const store_ops *storage, const char *path, int *exists);
 /* Writes a small file atomically: temp file, sync, rename, sync of the directory. */
 int store_write_file_atomic(const store_ops *storage, const char *dir, const char *name, const char *data,
                             size_t size);

@@ -809,18 +809,17 @@ static int shared_candidates(comm *c, const char *dir, ckpt_candidate **list, in
 }
 
 /* The index.json of the checkpoint at path as rank 0 reads it, to every
- * rank (its store sees one read of it, not one per reader). *failed when
- * rank 0 could not read it (its reason in tp_errmsg there); a failure of the
+ * rank (its store sees one read of it, not one per reader). *failed, the
+ * status of rank 0's read when it could not read it (its reason in
+ * tp_errmsg there; elsewhere TP_ERR_NOT_FOUND); a failure of the
  * communicator is returned. Collective. */
 static int shared_index_text(comm *c, const char *path, char **text, int *failed)
 {
     *text = NULL;
-    *failed = c->rank == 0 && ckpt_read_index_text(path, text) != TP_OK;
+    *failed = c->rank == 0 ? ckpt_read_index_text(path, text) : TP_OK;
     int status = comm_broadcast_text(c, text, 0);
-    if (!status && !*text) {
-        *failed = 1;
-        if (c->rank != 0) tp_fail(TP_ERR_NOT_FOUND, "%s: rank 0 could not read its index.json", path);
-    }
+    if (!status && !*text && !*failed)
+        *failed = tp_fail(TP_ERR_NOT_FOUND, "%s: rank 0 could not read its index.json", path);
     if (status) {
         free(*text);
         *text = NULL;
@@ -840,7 +839,10 @@ int checkpoint_any(comm *c, const char *dir, int *dir_exists, int *any)
         ckpt_candidate *list = NULL;
         int count = 0;
         exists = !status && st.exists;
-        if (exists && ckpt_candidates(dir, &list, &count) == TP_OK) found = count > 0;
+        /* None committed is "none yet"; a store that could not say is its failure. */
+        int listed = exists ? ckpt_candidates(dir, &list, &count) : TP_ERR_NOT_FOUND;
+        if (!listed) found = count > 0;
+        else if (listed != TP_ERR_NOT_FOUND) status = listed;
         free(list);
     }
     TP_TRY(comm_agree_root(c, status, dir));
@@ -875,9 +877,9 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
     if (!status) status = zero_scatter_begin(m, m->zero == 3 ? ZERO_PARAMS | (with_optimizer ? ZERO_MOMENTS : 0) : 0,
                                              &b.scatter);
     for (int k = 0; k < n && !status; k++) {
-        char message[8192] = ""; /* a path (up to 4096) and why */
+        char message[8192] = "", unasked[8192] = ""; /* a path (up to 4096) and why */
         char *index_text = NULL;
-        int failed = 0;
+        int failed = TP_OK; /* this rank's failure to read the checkpoint */
         status = shared_index_text(c, list[k].path, &index_text, &failed);
         if (status) break;
         memset(out, 0, sizeof *out);
@@ -885,8 +887,14 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         if (!failed) failed = load_one(m, list[k].path, index_text, &map, &b, out, &handing_out, &other_model);
         free(index_text);
         if (failed) snprintf(message, sizeof message, "%s", tp_errmsg());
-        int any_failed;
+        /* A store that could not be asked (ckpt_store_failure) says nothing
+         * of the checkpoint: it ends the load, naming what was asked. An
+         * older checkpoint taken instead would be trained on, and its next
+         * save would replace this one. Damage moves on to the next. */
+        int unanswered = ckpt_store_failure(failed), any_failed, any_unanswered = 0;
+        if (unanswered) snprintf(unasked, sizeof unasked, "%s", message);
         status = comm_first_failure(c, failed, message, sizeof message, &any_failed);
+        if (!status) status = comm_first_failure(c, unanswered, unasked, sizeof unasked, &any_unanswered);
         /* A failure to hand the state out is not the checkpoint's: it ends the load. */
         if (!status) status = comm_any(c, handing_out != TP_OK, &any_handing_out);
         if (!status && any_handing_out)
@@ -898,6 +906,9 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         if (!status && any_other_model)
             status = tp_fail(TP_ERR_ARG, "%s: resume with the model flags it was trained with (tp-ckpt info %s "
                              "shows them), or give another --ckpt-dir for a new model", message, list[k].path);
+        if (!status && any_unanswered)
+            status = tp_fail(TP_ERR_IO, "%s; %s could not be read, and no older checkpoint is taken in its place "
+                             "(resume when the store answers)", unasked, list[k].path);
         if (!status && !any_failed) {
             status = share_over_replicas(m, with_optimizer, b.moments, out);
             int optimizer = out->optimizer_loaded ? 0 : 1, missing;
@@ -936,6 +947,7 @@ static int model_config_of(const char *path, gpt_config *out, char *resolved, si
     for (int k = 0; k < n; k++) {
         ckpt_reader *r = NULL;
         status = ckpt_reader_open(&r, list[k].path, NULL);
+        if (ckpt_store_failure(status)) break; /* not an older checkpoint's model in its place */
         if (status) continue;
         status = gpt_config_from_json(ckpt_reader_state(r)->model_json, out);
         if (status) tp_fail_context(status, "%s", ckpt_reader_path(r));
