@@ -292,7 +292,8 @@ void ckpt_writer_abort(ckpt_writer *writer);
 int ckpt_stage_prepare(const char *path, const ckpt_write_options *options);
 
 /* Distributed writing, by the process that prepared: removes the staging
- * directory after a failure. */
+ * directory after a failure (none prepared: nothing). The thread's error
+ * message stays the caller's. */
 void ckpt_stage_discard(const char *path, const ckpt_write_options *options);
 
 /* Distributed writing, called by one process after every writer finished:

@@ -182,8 +182,13 @@ static int prepared(const char *path, const ckpt_write_options *options, store_s
 
 void ckpt_stage_discard(const char *path, const ckpt_write_options *options)
 {
-    store_staged *staged = NULL;
-    if (prepared(path, options, &staged) == TP_OK) store_staged_discard(staged);
+    /* Not through prepared(): nothing prepared is no failure here, and the
+     * caller's message (why the staging failed) must stay. */
+    char staging[CKPT_PATH_MAX];
+    store_staged *staged = store_staging_path(path, options->staging_owner, staging, sizeof staging) == TP_OK
+                               ? store_staged_find(staging)
+                               : NULL;
+    if (staged) store_staged_discard(staged);
 }
 
 int ckpt_writer_create(ckpt_writer **out, const char *path, const ckpt_layout *layout,

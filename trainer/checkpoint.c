@@ -1,5 +1,6 @@
 /* checkpoint.c: asynchronous saves and layout-independent loads. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -521,6 +522,26 @@ int64_t saver_pending_step(const saver *s)
     return s->pending ? s->step : -1;
 }
 
+/* A save to an object store that could not stage its files in the local
+ * cache (path's parent), status: when the cache itself is gone (removed
+ * while the run went on: a cleaner of /tmp, an operator), says so. It is
+ * not made again: it held the lock that keeps other trainers out of it
+ * (docs/FORMAT.md, the local cache of a remote run is locked as a run
+ * directory), which went with it, and whoever removed it may do so again
+ * under the next save; every checkpoint already uploaded is in the store,
+ * where --resume finds it. */
+static int cache_gone(const char *path, int status)
+{
+    char cache[CKPT_PATH_MAX], name[CKPT_PATH_MAX];
+    struct stat st;
+    if (tp_split_path(path, cache, sizeof cache, name, sizeof name) != TP_OK || stat(cache, &st) == 0 ||
+        errno != ENOENT)
+        return status;
+    return tp_fail(TP_ERR_NOT_FOUND, "the local cache %s, where checkpoints are staged before they go up, is gone "
+                   "(removed while the run went on?); not made again, as the lock it held for this run went with it: "
+                   "tp-train --resume continues from the newest checkpoint in the store", cache);
+}
+
 int saver_start(saver *s, const char *path, const char *url, const save_state *state, int sync)
 {
     gpt_model *m = s->model;
@@ -553,6 +574,7 @@ int saver_start(saver *s, const char *path, const char *url, const save_state *s
     TP_TRY(comm_any(c, staged != TP_OK, &failed));
     if (failed) {
         if (s->url[0] && s->snapshot_floats) ckpt_stage_discard(path, &options);
+        if (staged && s->url[0]) staged = cache_gone(path, staged);
         if (staged) return tp_fail_context(staged, "checkpoint %s", s->url[0] ? s->url : path);
         return tp_fail(TP_ERR_STATE, "checkpoint %s: another rank cannot stage it", s->url[0] ? s->url : path);
     }

@@ -18,6 +18,10 @@
 # The controls: one 503 within the retries is waited out, and the resume
 # takes step 20; a damaged step (a flipped byte on the server's disk) is
 # still passed over for the one before it, saying so.
+# And a remote run's local cache (--ckpt-cache) removed mid-run: the next
+# save said "no staging directory ... prepared by this process"; now it
+# says the cache is gone (it is not made again: the run's lock on it went
+# with it).
 # tier: full
 . "$(dirname "$0")/lib.sh"
 . "$ROOT/tests/support/objstore.sh"
@@ -138,6 +142,22 @@ else
     check_all "a damaged step 25: passed over for step 20, saying so (exit $RC)" \
         '[ $RC -eq 0 ] && grep -q "^resumed from $P/trainR/step_00000020 at step 20" "$WORK/.out" &&
          grep -q "^tp-train: warning: checkpoint $P/trainR/step_00000025 is unusable (.*checksum.*); falling back to $P/trainR/step_00000020" "$WORK/.err"'
+
+    # --- A remote run's local cache removed mid-run (held at the commit of
+    # step 5): the next save said "no staging directory .../.step_00000010...
+    # staging prepared by this process"; now it says the cache is gone.
+    TP_CKPT_FAULT="before-latest:WAIT:$WORK/go" mpirun --oversubscribe -np 2 "$TRAIN" --model tiny --tp 2 --steps 15 \
+        --ckpt-dir "$P/runC" --ckpt-every 5 --ckpt-cache "$WORK/cacheK" </dev/null >"$WORK/.out" 2>"$WORK/.err" &
+    trainer=$!
+    wait_for "$WORK/go.held" 120
+    rm -rf "$WORK/cacheK"
+    : >"$WORK/go"
+    wait $trainer
+    RC=$?
+    check_all "the cache removed mid-run: the next save says the cache is gone, naming it (exit $RC)" \
+        '[ $RC -eq 1 ] && said | grep "^tp-train: error" | grep -qF "checkpoint $P/runC/step_00000010: the local cache $WORK/cacheK, where checkpoints are staged before they go up, is gone" &&
+         ! grep -q "prepared by this process" "$WORK/.err"'
+    check "step 5 is up, and latest names it" [ "$(cat "$DAV/runC/latest")" = step_00000005 ]
     stop_proxy
     webdav_stop
 fi
