@@ -9,14 +9,22 @@
  * all; a shard uploaded by an interrupted upload is invisible and is
  * replaced by the next. The data's integrity travels with it: the reader
  * checks every block it reads against the block checksums, and those
- * against the index. */
+ * against the index. Of two uploads to one URL at once, one is elected
+ * before either sends anything (its claim, below); the other fails. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <xxhash.h>
 
+#include "../common/clock.h"
 #include "../common/parallel.h"
 #include "../common/path.h"
 #include "commit.h"
@@ -33,11 +41,496 @@ static int transfer_threads(const ckpt_upload_options *options)
     return options && options->threads > 0 ? options->threads : 8;
 }
 
+/* ------------------------------------------------------ one upload per URL */
+
+/* Two uploads to one URL at once each found nothing there and went on: both
+ * said "copied", and the URL held one's index over a mix of both's shards.
+ * An object store has no lock, no rename, and on most servers no
+ * conditional PUT (nginx's WebDAV and s3rver ignore If-None-Match; AWS S3
+ * honours it since 2024): no test-and-set can be made of its requests. So
+ * the uploads to a URL elect one of them through objects of their own, one
+ * per writer (its claim, URL/tp-upload-claim.OWNER, naming it), and listings,
+ * which show every object whose PUT was answered before them (the
+ * read-after-write consistency of S3 and of a server's file system):
+ *
+ *   1. a writer puts its claim, "choosing", then lists the URL: of two
+ *      writers, the later to put its claim sees the other's (each lists
+ *      after its own PUT), so at least one of them sees the other;
+ *   2. it puts its claim again, "chosen", naming the claims it saw;
+ *   3. it reads each claim it saw, waiting while one is still choosing: X
+ *      goes first when X did not see it (X listed before it claimed) or
+ *      when each saw the other and X's name sorts first. It goes on only
+ *      when it goes before every claim it saw; else it removes its claim,
+ *      having sent nothing else, and fails naming X's writer.
+ *
+ * Of any two writers at most one goes on, and of two at once exactly one
+ * (each waits only for the other's view, which the other publishes before
+ * it waits in turn). A claim stays until its writer's index is up or its
+ * failed upload is removed, so a writer coming later meets it or the
+ * checkpoint; only its writer removes it, but for one proven stale:
+ *
+ * a writer killed outright leaves its claim. Without --force a URL holding
+ * one is refused, naming its writer; --force takes it over once it is
+ * proven stale: its writer is a process of this machine that is gone, or it
+ * stayed unchanged for a period (TP_UPLOAD_CLAIM_SECONDS, default 30) while
+ * a live writer renews its claim every quarter period. That proof alone
+ * rests on time; a writer that could not renew for half a period takes its
+ * claim for lost and stops (docs/STORES.md "Two uploads to one URL"). */
+
+#define CLAIM_PREFIX "tp-upload-claim." /* no leading dot: nginx's WebDAV lists no such names */
+#define CLAIM_SEEN_MAX 32        /* claims one writer may see at once; more: it gives way */
+#define CLAIM_TEXT_MAX (16 << 10) /* bytes of a claim object */
+#define CLAIM_WRITER_MAX 256
+#define CLAIM_DEFAULT_SECONDS 30
+#define CLAIM_MIN_SECONDS 2
+#define CLAIM_MAX_SECONDS 3600
+
+static int is_claim_name(const char *name)
+{
+    return strncmp(name, CLAIM_PREFIX, sizeof CLAIM_PREFIX - 1) == 0;
+}
+
+typedef struct {
+    char owner[STORE_OWNER_MAX];   /* its identity: the object's name after the prefix */
+    char writer[CLAIM_WRITER_MAX]; /* "tp-ckpt (pid 41 on host n1, since 2026-11-24T20:41:07Z)" */
+    char host[64];
+    long pid;
+    int chosen; /* 0: choosing (listing); 1: chosen, saw[] its listing's claims */
+    int num_saw;
+    char saw[CLAIM_SEEN_MAX][STORE_OWNER_MAX];
+    int64_t renewals;
+} claim_record;
+
+typedef struct {
+    const store_ops *store;
+    char url[CKPT_PATH_MAX];  /* the output */
+    char path[CKPT_PATH_MAX]; /* this writer's claim */
+    claim_record own;         /* renewals: under mutex */
+    double period;            /* seconds a claim lives unchanged before it is stale */
+    pthread_t renewer;
+    int renewing;
+    pthread_mutex_t mutex;
+    pthread_cond_t wake;
+    int stopping;           /* under mutex */
+    atomic_int lost;        /* the claim vanished or could not be renewed: nothing more goes up */
+    char lost_why[512];     /* under mutex */
+} upload_claim;
+
+static double claim_period(void)
+{
+    const char *text = getenv("TP_UPLOAD_CLAIM_SECONDS");
+    if (!text || !*text) return CLAIM_DEFAULT_SECONDS;
+    char *end;
+    double v = strtod(text, &end);
+    if (*end || !(v >= CLAIM_MIN_SECONDS && v <= CLAIM_MAX_SECONDS)) return -1;
+    return v;
+}
+
+static int claim_path(const char *url, const char *owner, char *out)
+{
+    char name[sizeof CLAIM_PREFIX + STORE_OWNER_MAX];
+    snprintf(name, sizeof name, "%s%s", CLAIM_PREFIX, owner);
+    return tp_path_join(out, url, name);
+}
+
+static void sleep_seconds(double seconds)
+{
+    struct timespec t = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
+}
+
+static int write_claim(upload_claim *c)
+{
+    pthread_mutex_lock(&c->mutex);
+    const claim_record *r = &c->own;
+    cJSON *json = cJSON_CreateObject(), *saw = cJSON_CreateArray();
+    int built = json && saw;
+    if (built) {
+        cJSON_AddStringToObject(json, "owner", r->owner);
+        cJSON_AddStringToObject(json, "writer", r->writer);
+        cJSON_AddStringToObject(json, "host", r->host);
+        cJSON_AddNumberToObject(json, "pid", (double)r->pid);
+        cJSON_AddStringToObject(json, "state", r->chosen ? "chosen" : "choosing");
+        for (int i = 0; i < r->num_saw; i++) cJSON_AddItemToArray(saw, cJSON_CreateString(r->saw[i]));
+        cJSON_AddItemToObject(json, "saw", saw);
+        saw = NULL;
+        cJSON_AddNumberToObject(json, "renewals", (double)r->renewals);
+    }
+    pthread_mutex_unlock(&c->mutex);
+    char *text = built ? cJSON_PrintUnformatted(json) : NULL;
+    cJSON_Delete(json);
+    cJSON_Delete(saw);
+    if (!text) return tp_fail(TP_ERR_NOMEM, "out of memory for the claim %s", c->path);
+    int status = store_put_data(c->path, text, strlen(text));
+    free(text);
+    return status;
+}
+
+/* Reads the claim at path: TP_OK with *found 0 when there is none. One that
+ * cannot be read as a claim is an error naming it: never taken as absent. */
+static int read_claim(const char *path, int *found, claim_record *out)
+{
+    memset(out, 0, sizeof *out);
+    *found = 0;
+    char *text = NULL;
+    int64_t size = 0;
+    int status = store_read_text_file(path, CLAIM_TEXT_MAX, &text, &size);
+    if (status == TP_ERR_NOT_FOUND) return TP_OK;
+    TP_TRY(status);
+    cJSON *json = NULL;
+    status = tp_json_parse(text, (size_t)size, path, &json);
+    free(text);
+    TP_TRY(status);
+    const cJSON *owner = cJSON_GetObjectItemCaseSensitive(json, "owner");
+    const cJSON *writer = cJSON_GetObjectItemCaseSensitive(json, "writer");
+    const cJSON *host = cJSON_GetObjectItemCaseSensitive(json, "host");
+    const cJSON *pid = cJSON_GetObjectItemCaseSensitive(json, "pid");
+    const cJSON *state = cJSON_GetObjectItemCaseSensitive(json, "state");
+    const cJSON *saw = cJSON_GetObjectItemCaseSensitive(json, "saw");
+    const cJSON *renewals = cJSON_GetObjectItemCaseSensitive(json, "renewals");
+    const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    int valid = cJSON_IsString(owner) && cJSON_IsString(writer) && cJSON_IsString(host) && cJSON_IsNumber(pid) &&
+                cJSON_IsString(state) && cJSON_IsArray(saw) && cJSON_IsNumber(renewals) &&
+                !strcmp(owner->valuestring, name + sizeof CLAIM_PREFIX - 1) &&
+                (!strcmp(state->valuestring, "choosing") || !strcmp(state->valuestring, "chosen")) &&
+                pid->valuedouble >= 1 && pid->valuedouble <= 4194304 && renewals->valuedouble >= 0 &&
+                cJSON_GetArraySize(saw) <= CLAIM_SEEN_MAX;
+    for (const cJSON *s = valid ? saw->child : NULL; s; s = s->next) {
+        if (!cJSON_IsString(s)) {
+            valid = 0;
+            break;
+        }
+        snprintf(out->saw[out->num_saw++], sizeof out->saw[0], "%s", s->valuestring);
+    }
+    if (valid) {
+        snprintf(out->owner, sizeof out->owner, "%s", owner->valuestring);
+        snprintf(out->writer, sizeof out->writer, "%s", writer->valuestring);
+        snprintf(out->host, sizeof out->host, "%s", host->valuestring);
+        out->pid = (long)pid->valuedouble;
+        out->chosen = !strcmp(state->valuestring, "chosen");
+        out->renewals = (int64_t)renewals->valuedouble;
+    }
+    cJSON_Delete(json);
+    if (!valid)
+        return tp_fail(TP_ERR_FORMAT, "%s: not an upload's claim (owner matching its name, writer, host, pid, state "
+                       "choosing or chosen, saw, renewals expected); remove it if no upload to that URL is under way",
+                       path);
+    *found = 1;
+    return TP_OK;
+}
+
+/* Whether a claim's writer is provably gone: a process of this machine that
+ * no longer exists. */
+static int claim_writer_gone(const claim_record *r)
+{
+    char host[64];
+    store_host_name(host, sizeof host);
+    return !strcmp(host, r->host) && kill((pid_t)r->pid, 0) != 0 && errno == ESRCH;
+}
+
+static int claim_saw(const claim_record *r, const char *owner)
+{
+    for (int i = 0; i < r->num_saw; i++)
+        if (!strcmp(r->saw[i], owner)) return 1;
+    return 0;
+}
+
+/* What a listing of the URL shows: this writer's claim, the others', and
+ * the first entry that is not a claim (a checkpoint's, another output's). */
+typedef struct {
+    const char *own; /* this writer's owner; NULL: none */
+    int own_seen, num_claims, too_many;
+    char claims[CLAIM_SEEN_MAX - 1][STORE_OWNER_MAX]; /* a view holds them and its own */
+    char other[CKPT_NAME_MAX + 1];
+} url_scan;
+
+static int scan_entry(void *ctx, const char *name)
+{
+    url_scan *s = ctx;
+    if (!is_claim_name(name)) {
+        if (!s->other[0]) snprintf(s->other, sizeof s->other, "%s", name);
+        return TP_OK;
+    }
+    const char *owner = name + sizeof CLAIM_PREFIX - 1;
+    if (s->own && !strcmp(owner, s->own)) s->own_seen = 1;
+    else if (s->num_claims < CLAIM_SEEN_MAX - 1)
+        snprintf(s->claims[s->num_claims++], sizeof s->claims[0], "%s", owner);
+    else
+        s->too_many = 1;
+    return TP_OK;
+}
+
+static int scan_url(const store_ops *store, const char *url, const char *own, url_scan *out)
+{
+    memset(out, 0, sizeof *out);
+    out->own = own;
+    int status = store->list(store, url, scan_entry, out);
+    return status == TP_ERR_NOT_FOUND ? TP_OK : status; /* nothing there */
+}
+
+/* Whether the claim of owner, seen in this writer's listing, lets it go on:
+ * TP_OK when the other gives way or is gone (its writer then in gone_writer,
+ * CLAIM_WRITER_MAX bytes: it finished or gave up; or taken over, with
+ * replace, when stale); else a failure naming its writer. */
+static int claim_judge(upload_claim *c, const char *owner, int replace, char *gone_writer)
+{
+    char path[CKPT_PATH_MAX];
+    TP_TRY(claim_path(c->url, owner, path));
+    claim_record *seen = malloc(sizeof *seen), *now = malloc(sizeof *now);
+    int found = 0, alive = 0;
+    int status = seen && now ? read_claim(path, &found, seen) : tp_fail(TP_ERR_NOMEM, "out of memory");
+    double since = now_seconds(), pause = 0.02;
+    while (!status) {
+        if (!found) { /* its writer finished or gave up since the listing */
+            if (seen->writer[0]) snprintf(gone_writer, CLAIM_WRITER_MAX, "%s", seen->writer);
+            else snprintf(gone_writer, CLAIM_WRITER_MAX, "the upload of the claim %s%s", CLAIM_PREFIX, owner);
+            break;
+        }
+        int first = seen->chosen && (!claim_saw(seen, c->own.owner) || strcmp(seen->owner, c->own.owner) < 0);
+        if (seen->chosen && !first) break; /* it gives way to this one */
+        if (first && (!replace || alive)) {
+            status = tp_fail(TP_ERR_EXISTS, "%s: another upload to it is under way: %s; this one gives way, having "
+                             "sent nothing", c->url, seen->writer);
+            break;
+        }
+        /* Still choosing, or going first beside a --force: alive (it
+         * changes) or stale? */
+        char stale[128] = "";
+        if (claim_writer_gone(seen)) snprintf(stale, sizeof stale, "its process is gone from this machine");
+        else if (now_seconds() - since > c->period)
+            snprintf(stale, sizeof stale, "its claim stayed unchanged for %.0f s (TP_UPLOAD_CLAIM_SECONDS)", c->period);
+        if (stale[0] && !replace) {
+            status = tp_fail(TP_ERR_EXISTS, "%s holds what an upload that stopped left: %s: %s; --force replaces it",
+                             c->url, seen->writer, stale);
+            break;
+        }
+        if (stale[0]) { /* taken over: only its claim goes here, the rest with the replaced checkpoint */
+            status = store_delete(path);
+            break;
+        }
+        if (store_stopping()) { /* a signal: the upload fails at once, its clean-up waiting */
+            status = tp_fail(TP_ERR_STATE, "%s: stopped while choosing", c->url);
+            break;
+        }
+        sleep_seconds(pause);
+        pause = pause * 2 < c->period / 8 ? pause * 2 : c->period / 8;
+        status = read_claim(path, &found, now);
+        if (!status && found && (now->chosen != seen->chosen || now->renewals != seen->renewals)) {
+            alive = 1;
+            since = now_seconds();
+        }
+        if (!status && !found) snprintf(now->writer, sizeof now->writer, "%s", seen->writer); /* the last known */
+        claim_record *swap = seen;
+        seen = now;
+        now = swap;
+    }
+    free(seen);
+    free(now);
+    return status;
+}
+
+static void claim_set_lost(upload_claim *c, const char *why)
+{
+    pthread_mutex_lock(&c->mutex);
+    if (!atomic_load(&c->lost)) snprintf(c->lost_why, sizeof c->lost_why, "%s", why);
+    atomic_store(&c->lost, 1);
+    pthread_mutex_unlock(&c->mutex);
+}
+
+/* Renews the claim every quarter period, so that a --force watching it
+ * sees it alive. A claim removed meanwhile is lost, never put back (its
+ * remover took it for a stopped upload's and replaces what is there); so is
+ * one that could not be renewed for half a period (a watcher may count it
+ * stale after a whole one). */
+static void *claim_renew(void *arg)
+{
+    upload_claim *c = arg;
+    double renewed = now_seconds();
+    pthread_mutex_lock(&c->mutex);
+    while (!c->stopping && !atomic_load(&c->lost)) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        double wait = c->period / 4;
+        until.tv_sec += (time_t)wait;
+        until.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        while (!c->stopping && pthread_cond_timedwait(&c->wake, &c->mutex, &until) == 0) {
+        }
+        if (c->stopping) break;
+        pthread_mutex_unlock(&c->mutex);
+        double start = now_seconds();
+        int found = 0;
+        claim_record *mine = malloc(sizeof *mine);
+        int status = mine ? read_claim(c->path, &found, mine) : TP_ERR_NOMEM;
+        free(mine);
+        if (!status && !found) {
+            claim_set_lost(c, "its claim was removed by another writer, which took it for a stopped upload's");
+        } else if (!status) {
+            pthread_mutex_lock(&c->mutex);
+            c->own.renewals++;
+            pthread_mutex_unlock(&c->mutex);
+            if (!(status = write_claim(c))) renewed = start;
+        }
+        if (status && now_seconds() - renewed > c->period / 2) {
+            char why[300];
+            snprintf(why, sizeof why, "its claim could not be renewed for %.0f s, half of TP_UPLOAD_CLAIM_SECONDS "
+                     "(another writer may take it for a stopped upload's)", now_seconds() - renewed);
+            claim_set_lost(c, why);
+        }
+        pthread_mutex_lock(&c->mutex);
+    }
+    pthread_mutex_unlock(&c->mutex);
+    return NULL;
+}
+
+/* TP_OK while the claim holds; else a failure saying why it was lost. */
+static int claim_check_lost(upload_claim *c)
+{
+    if (!c || !atomic_load(&c->lost)) return TP_OK;
+    pthread_mutex_lock(&c->mutex);
+    char why[512];
+    snprintf(why, sizeof why, "%s", c->lost_why);
+    pthread_mutex_unlock(&c->mutex);
+    return tp_fail(TP_ERR_STATE, "%s: this upload stopped: %s; nothing of it is removed (the URL may be another "
+                   "upload's now)", c->url, why);
+}
+
+/* Before the index: the claim is still there, and this writer's. */
+static int claim_check(upload_claim *c)
+{
+    if (!c) return TP_OK;
+    TP_TRY(claim_check_lost(c));
+    int found = 0;
+    claim_record *mine = malloc(sizeof *mine);
+    int status = mine ? read_claim(c->path, &found, mine) : tp_fail(TP_ERR_NOMEM, "out of memory");
+    free(mine);
+    TP_TRY(status);
+    if (!found) claim_set_lost(c, "its claim was removed by another writer, which took it for a stopped upload's");
+    return claim_check_lost(c);
+}
+
+static void claim_stop_renewing(upload_claim *c)
+{
+    if (!c->renewing) return;
+    pthread_mutex_lock(&c->mutex);
+    c->stopping = 1;
+    pthread_cond_signal(&c->wake);
+    pthread_mutex_unlock(&c->mutex);
+    pthread_join(c->renewer, NULL);
+    c->renewing = 0;
+}
+
+/* Frees the claim; with remove, its object goes first (never once lost:
+ * it may be another's by then). */
+static void claim_release(upload_claim *c, int remove)
+{
+    if (!c) return;
+    claim_stop_renewing(c);
+    if (remove && !atomic_load(&c->lost)) store_delete(c->path);
+    pthread_cond_destroy(&c->wake);
+    pthread_mutex_destroy(&c->mutex);
+    free(c);
+}
+
+/* This writer's claim on url, elected as above; *out NULL on a failure,
+ * which leaves nothing of this writer at url. */
+static int claim_take(const char *url, int replace, upload_claim **out)
+{
+    *out = NULL;
+    upload_claim *c = calloc(1, sizeof *c);
+    url_scan *scan = malloc(sizeof *scan);
+    if (!c || !scan) {
+        free(c);
+        free(scan);
+        return tp_fail(TP_ERR_NOMEM, "out of memory for an upload's claim");
+    }
+    pthread_mutex_init(&c->mutex, NULL);
+    pthread_cond_init(&c->wake, NULL);
+    c->period = claim_period();
+    int status = TP_OK;
+    if (c->period < 0)
+        status = tp_fail(TP_ERR_ARG, "TP_UPLOAD_CLAIM_SECONDS=%s: expected seconds in %d..%d",
+                         getenv("TP_UPLOAD_CLAIM_SECONDS"), CLAIM_MIN_SECONDS, CLAIM_MAX_SECONDS);
+    if (!status) status = store_for(url, &c->store);
+    if (!status && (size_t)snprintf(c->url, sizeof c->url, "%s", url) >= sizeof c->url)
+        status = tp_fail(TP_ERR_ARG, "path too long: %s", url);
+    if (!status) status = store_staging_owner(c->own.owner, sizeof c->own.owner);
+    if (!status) {
+        char when[32];
+        time_t now = time(NULL);
+        struct tm utc;
+        gmtime_r(&now, &utc);
+        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
+        store_host_name(c->own.host, sizeof c->own.host);
+        c->own.pid = (long)getpid();
+        snprintf(c->own.writer, sizeof c->own.writer, "%s (pid %ld on host %s, since %s)",
+                 program_invocation_short_name, c->own.pid, c->own.host, when);
+        status = claim_path(url, c->own.owner, c->path);
+    }
+    tp_fault_point("upload-claiming"); /* a test holds writers here: past their checks, nothing claimed */
+    if (!status) status = write_claim(c);
+    int placed = !status;
+    tp_fault_point("upload-claimed");
+    if (!status) status = scan_url(c->store, url, c->own.owner, scan);
+    if (!status && !scan->own_seen)
+        status = tp_fail(TP_ERR_EXISTS, "%s: the claim this upload made there vanished at once (another upload "
+                         "removing what is there?); nothing was sent; try again", url);
+    if (!status && scan->too_many)
+        status = tp_fail(TP_ERR_EXISTS, "%s: more than %d uploads to it at once; this one gives way, having sent "
+                         "nothing", url, CLAIM_SEEN_MAX - 1);
+    if (!status) { /* its view, published before it waits for any other's */
+        pthread_mutex_lock(&c->mutex);
+        c->own.chosen = 1;
+        c->own.num_saw = 0;
+        snprintf(c->own.saw[c->own.num_saw++], sizeof c->own.saw[0], "%s", c->own.owner);
+        for (int i = 0; i < scan->num_claims && c->own.num_saw < CLAIM_SEEN_MAX; i++)
+            snprintf(c->own.saw[c->own.num_saw++], sizeof c->own.saw[0], "%s", scan->claims[i]);
+        pthread_mutex_unlock(&c->mutex);
+        status = write_claim(c);
+    }
+    if (!status) {
+        if (pthread_create(&c->renewer, NULL, claim_renew, c) == 0) c->renewing = 1;
+        else status = tp_fail(TP_ERR_NOMEM, "cannot start the renewal thread of the claim %s", c->path);
+    }
+    char gone_writer[CLAIM_WRITER_MAX] = "";
+    for (int i = 0; !status && i < scan->num_claims; i++)
+        status = claim_judge(c, scan->claims[i], replace, gone_writer);
+    /* Chosen: once more, what is there now (a claim gone since the first
+     * listing may have left a checkpoint; this one's must still be there). */
+    char other[CKPT_NAME_MAX + 1];
+    snprintf(other, sizeof other, "%s", scan->other);
+    if (!status) status = scan_url(c->store, url, c->own.owner, scan);
+    if (!status && !scan->own_seen)
+        status = tp_fail(TP_ERR_EXISTS, "%s: the claim this upload made there vanished (another upload removing "
+                         "what is there?); nothing was sent; try again", url);
+    if (!status && !replace && (scan->other[0] || other[0]))
+        status = tp_fail(TP_ERR_EXISTS, "%s exists already (--force replaces it): '%s' is there%s%s%s", url,
+                         scan->other[0] ? scan->other : other,
+                         gone_writer[0] ? ", put by another upload that finished while this one was choosing: " : "",
+                         gone_writer, gone_writer[0] ? "; this one sent nothing" : "");
+    free(scan);
+    if (status) {
+        claim_stop_renewing(c);
+        if (placed) {
+            char message[2048];
+            snprintf(message, sizeof message, "%s", tp_errmsg());
+            store_delete(c->path); /* its own claim alone: what is there is another's */
+            tp_fail(status, "%s", message);
+        }
+        claim_release(c, 0);
+        return status;
+    }
+    *out = c;
+    return TP_OK;
+}
+
 typedef struct {
     const char *local_dir, *url;
     const ckpt_index *index;
     int threads;
     const ckpt_upload_options *options;
+    upload_claim *claim;
 } upload_job;
 
 /* One shard file of `bytes` bytes up as the object remote (on `threads`
@@ -60,6 +553,7 @@ static int upload_shard(void *ctx, int64_t f, int thread)
     (void)thread;
     upload_job *j = ctx;
     const ckpt_index_file *file = &j->index->files[f];
+    TP_TRY(claim_check_lost(j->claim)); /* nothing more goes up once the claim is lost */
     char local[CKPT_PATH_MAX], remote[CKPT_PATH_MAX];
     TP_TRY(tp_path_join(local, j->local_dir, file->name));
     TP_TRY(tp_path_join(remote, j->url, file->name));
@@ -76,43 +570,80 @@ void ckpt_upload_options_init(ckpt_upload_options *options)
     memset(options, 0, sizeof *options);
 }
 
+/* A store as the replace checks see it: the uploads' claims hidden (they
+ * are no part of what --force replaces; the election judges them). */
+typedef struct {
+    store_ops ops; /* first: a pointer to it is one to the whole */
+    const store_ops *real;
+} claims_hidden;
+
+typedef struct {
+    int (*visit)(void *ctx, const char *name);
+    void *ctx;
+} hidden_visit;
+
+static int visit_unless_claim(void *ctx, const char *name)
+{
+    hidden_visit *h = ctx;
+    return is_claim_name(name) ? TP_OK : h->visit(h->ctx, name);
+}
+
+static int list_hiding_claims(const store_ops *s, const char *dir, int (*visit)(void *ctx, const char *name),
+                              void *ctx)
+{
+    const claims_hidden *h = (const claims_hidden *)s;
+    hidden_visit x = {visit, ctx};
+    return h->real->list(h->real, dir, visit_unless_claim, &x);
+}
+
 /* The rule of every remote output, asked before any work: nothing may be
  * at target unless replace, and then only what may_replace (the writer's
- * own check of a local target; NULL accepts nothing) accepts. */
+ * own check of a local target; NULL accepts nothing) accepts. An upload's
+ * claim there is named: one under way is refused without --force, and a
+ * stopped one's (or a live one's: the election tells them apart) is left
+ * to --force. */
 static int output_target_check(const store_ops *store, const char *target, int replace,
                                store_replace_check may_replace, void *ctx)
 {
     store_stat st;
     TP_TRY(store->stat(store, target, &st));
     if (!st.exists) return TP_OK;
+    if (!store->local_paths && st.is_dir) {
+        url_scan *scan = malloc(sizeof *scan);
+        claim_record *r = malloc(sizeof *r);
+        char path[CKPT_PATH_MAX];
+        int found = 0;
+        int status = scan && r ? scan_url(store, target, NULL, scan) : tp_fail(TP_ERR_NOMEM, "out of memory");
+        int claims_only = !status && scan->num_claims && !scan->other[0];
+        if (!status && !replace && scan->num_claims) status = claim_path(target, scan->claims[0], path);
+        if (!status && !replace && scan->num_claims) status = read_claim(path, &found, r);
+        if (!status && found && claim_writer_gone(r))
+            status = tp_fail(TP_ERR_EXISTS, "%s holds what an upload that stopped left: %s: its process is gone "
+                             "from this machine; --force replaces it", target, r->writer);
+        else if (!status && found)
+            status = tp_fail(TP_ERR_EXISTS, "%s: an upload to it is under way, or stopped before it finished: %s "
+                             "(--force replaces what a stopped one left)", target, r->writer);
+        free(r);
+        free(scan);
+        TP_TRY(status);
+        if (claims_only && replace) return TP_OK; /* nothing but claims: the election judges them */
+    }
     if (!replace) return tp_fail(TP_ERR_EXISTS, "%s exists already (--force replaces it)", target);
     /* What --force replaces there is what it replaces on a disk: asked
      * now, before hours of writing, of what the upload will remove. */
     if (!may_replace) return tp_fail(TP_ERR_EXISTS, "%s exists already; nothing there is replaced", target);
-    return may_replace(store, target, ctx);
+    if (store->local_paths) return may_replace(store, target, ctx);
+    claims_hidden view = {*store, store};
+    view.ops.list = list_hiding_claims;
+    return may_replace(&view.ops, target, ctx);
 }
 
-/* An upload that failed before its index (or its files naming the others)
- * went up, or whose `latest` could not follow, leaves nothing at url: what
- * it sent, and with replace what was there (its index went first: no
- * reader could use it any more), is removed, so that the location reads as
- * before the command, empty, and a retry needs no --force. A signal is such
- * a failure: it cuts the upload's requests off (store/staging.h
- * store_stopping) and the process dies of it once this removal is done.
- * status and its message are kept; a removal that fails too is added to
- * the message. (A writer killed outright, SIGKILL or a lost node, still
- * leaves its objects: invisible without an index, docs/STORES.md.) */
-static int discard_upload(const char *url, int status)
-{
-    char message[2048];
-    snprintf(message, sizeof message, "%s", tp_errmsg());
-    const store_ops *store;
-    int removed = store_for(url, &store);
-    if (!removed) removed = store->remove_tree(store, url);
-    if (removed)
-        return tp_fail(status, "%s (and what was uploaded stays under %s: %s)", message, url, tp_errmsg());
-    return tp_fail(status, "%s", message);
-}
+/* Everything at url but the uploads' claims, removed (what an elected
+ * writer replaces or sent): another writer's claim is its own to remove. */
+typedef struct {
+    char (*names)[CKPT_NAME_MAX + 1];
+    int count, capacity;
+} name_array;
 
 /* Appends name to a growing array of names (*names, *count of *capacity). */
 static int append_name(char (**names)[CKPT_NAME_MAX + 1], int *count, int *capacity, const char *name)
@@ -127,6 +658,82 @@ static int append_name(char (**names)[CKPT_NAME_MAX + 1], int *count, int *capac
     snprintf((*names)[(*count)++], sizeof **names, "%s", name);
     return TP_OK;
 }
+
+static int collect_unless_claim(void *ctx, const char *name)
+{
+    name_array *a = ctx;
+    return is_claim_name(name) ? TP_OK : append_name(&a->names, &a->count, &a->capacity, name);
+}
+
+static int remove_all_but_claims(const store_ops *store, const char *url)
+{
+    name_array found = {NULL, 0, 0};
+    int status = store->list(store, url, collect_unless_claim, &found);
+    if (status == TP_ERR_NOT_FOUND) status = TP_OK; /* nothing there */
+    for (int i = 0; !status && i < found.count; i++) {
+        char path[CKPT_PATH_MAX];
+        status = tp_path_join(path, url, found.names[i]);
+        if (!status) status = store->remove_tree(store, path);
+    }
+    free(found.names);
+    return status;
+}
+
+/* Whether a store's directories exist apart from the objects in them
+ * (WebDAV's collections; an S3 prefix is there only while keys are). */
+static int store_keeps_directories(const store_ops *store)
+{
+    return strcmp(store->name, "webdav") == 0;
+}
+
+/* The elected writer leaving url: what it sent (and with replace what was
+ * there) removed, then its claim. Where directories stay (WebDAV) and its
+ * claim is all that is left, the directory goes with the claim in one
+ * request: a writer claiming meanwhile then either meets this claim (and
+ * gives way) or finds its own gone with it (and gives way); never is this
+ * claim removed first and the directory after, which could take a claim
+ * that had already won. */
+static int claim_leave(upload_claim *c)
+{
+    TP_TRY(remove_all_but_claims(c->store, c->url));
+    url_scan *scan = malloc(sizeof *scan);
+    if (!scan) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = scan_url(c->store, c->url, c->own.owner, scan);
+    int alone = !status && !scan->num_claims && !scan->other[0];
+    free(scan);
+    TP_TRY(status);
+    claim_stop_renewing(c); /* never renewed back after it is removed */
+    if (alone && store_keeps_directories(c->store)) return c->store->remove_tree(c->store, c->url);
+    return store_delete(c->path);
+}
+
+/* An upload that failed before its index (or its files naming the others)
+ * went up, or whose `latest` could not follow, leaves nothing at url: what
+ * it sent, and with replace what was there (its index went first: no
+ * reader could use it any more), is removed, so that the location reads as
+ * before the command, empty, and a retry needs no --force. A signal is such
+ * a failure: it cuts the upload's requests off (store/staging.h
+ * store_stopping) and the process dies of it once this removal is done.
+ * status and its message are kept; a removal that fails too is added to
+ * the message. (A writer killed outright, SIGKILL or a lost node, still
+ * leaves its objects: invisible without an index, docs/STORES.md.) With a
+ * claim (a checkpoint or a directory: claim_take), other uploads' claims
+ * stay, and nothing is removed once the claim is lost (what is there may
+ * be another upload's by then); without one (a single file), url goes. */
+static int discard_upload(const char *url, upload_claim *claim, int status)
+{
+    char message[2048];
+    snprintf(message, sizeof message, "%s", tp_errmsg());
+    if (claim && atomic_load(&claim->lost)) return tp_fail(status, "%s", message);
+    const store_ops *store;
+    int removed = TP_OK;
+    if (claim) removed = claim_leave(claim);
+    else if (!(removed = store_for(url, &store))) removed = store->remove_tree(store, url);
+    if (removed)
+        return tp_fail(status, "%s (and what was uploaded stays under %s: %s)", message, url, tp_errmsg());
+    return tp_fail(status, "%s", message);
+}
+
 
 /* After a replacement is committed (its index up), the old checkpoint's
  * files that the new one does not have: removed, so that the location
@@ -143,7 +750,7 @@ typedef struct {
 static int collect_stale(void *ctx, const char *name)
 {
     stale_scan *s = ctx;
-    if (!strcmp(name, CKPT_INDEX_NAME)) return TP_OK;
+    if (!strcmp(name, CKPT_INDEX_NAME) || is_claim_name(name)) return TP_OK; /* this writer's claim goes last */
     for (int f = 0; f < s->index->num_files; f++)
         if (!strcmp(name, s->index->files[f].name)) return TP_OK;
     return append_name(&s->stale, &s->count, &s->capacity, name);
@@ -193,13 +800,17 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
      * waits for this upload (store_upload_begin): its requests fail, what
      * it sent is removed here, and then the process dies of the signal. */
     int held = !status && !(status = store_upload_begin(url));
+    /* One upload to a URL at a time: elected before anything is sent. */
+    upload_claim *claim = NULL;
+    if (!status) status = claim_take(url, replace, &claim);
     if (!status) status = ckpt_upload_begin(url, replace);
-    int begun = !status;
-    upload_job job = {local_dir, url, &index, transfer_threads(options), options};
+    int begun = claim != NULL;
+    upload_job job = {local_dir, url, &index, transfer_threads(options), options, claim};
     if (!status && index.num_files > 0)
         status = parallel_for(index.num_files, index.num_files < job.threads ? index.num_files : job.threads,
                               upload_shard, &job);
     tp_fault_point("upload-before-index");
+    if (!status) status = claim_check(claim);
     if (!status) status = store_put_data(remote_index, text, (size_t)text_size);
     int committed = !status;
     if (committed && replace) status = remove_stale(url, &index);
@@ -210,7 +821,8 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
         tp_fault_point("before-latest");
         if ((status = ckpt_upload_latest(url))) committed = 0;
     }
-    if (status && begun && !committed) status = discard_upload(url, status);
+    if (status && begun && !committed) status = discard_upload(url, claim, status);
+    claim_release(claim, committed); /* up: its claim goes (a failure to remove it leaves one stale in time) */
     if (held) store_upload_end();
     ckpt_index_free(&index);
     free(text);
@@ -292,12 +904,14 @@ typedef struct {
     const char *local, *url;
     char (*names)[CKPT_NAME_MAX + 1];
     const ckpt_upload_options *options;
+    upload_claim *claim;
 } files_job;
 
 static int upload_named(void *ctx, int64_t i, int thread)
 {
     (void)thread;
     files_job *j = ctx;
+    TP_TRY(claim_check_lost(j->claim)); /* nothing more goes up once the claim is lost */
     char local[CKPT_PATH_MAX], remote[CKPT_PATH_MAX];
     TP_TRY(tp_path_join(local, j->local, j->names[i]));
     TP_TRY(tp_path_join(remote, j->url, j->names[i]));
@@ -379,26 +993,26 @@ static int upload_files(const char *local, const char *url, const ckpt_upload_op
         TP_TRY(store_put_file(url, local, 0, st.size, transfer_threads(options)));
         if (options && options->on_file) options->on_file(options->ctx, st.size);
         int status = update_latest ? ckpt_upload_latest(url) : TP_OK;
-        return status ? discard_upload(url, status) : TP_OK;
+        return status ? discard_upload(url, NULL, status) : TP_OK;
     }
     name_list names = {.root = local};
     int status = posix->list(posix, local, collect_name, &names);
+    /* One upload to a URL at a time: elected before anything is sent. */
+    upload_claim *claim = NULL;
+    if (!status) status = claim_take(url, options && options->replace, &claim);
     /* What was there goes first, whole: no file of it stays beside the new
      * ones, and no tracker or index names files that are not there yet. */
-    if (!status && options && options->replace) {
-        const store_ops *remote;
-        status = store_for(url, &remote);
-        if (!status) status = remote->remove_tree(remote, url);
-    }
+    if (!status && options && options->replace) status = remove_all_but_claims(claim->store, url);
     int threads = transfer_threads(options);
     if (!status && names.count) qsort(names.names, (size_t)names.count, sizeof *names.names, index_last);
     int first_index = names.count;
     while (first_index > 0 && names_an_index(names.names[first_index - 1])) first_index--;
-    files_job job = {local, url, names.names, options};
-    int begun = !status;
+    files_job job = {local, url, names.names, options, claim};
+    int begun = claim != NULL;
     if (!status && first_index > 0)
         status = parallel_for(first_index, first_index < threads ? first_index : threads, upload_named, &job);
     if (!status && first_index < names.count) tp_fault_point("upload-before-index");
+    if (!status) status = claim_check(claim);
     for (int i = first_index; !status && i < names.count; i++) status = upload_named(&job, i, 0);
     if (!status && update_latest) {
         tp_fault_point("before-latest");
@@ -406,7 +1020,8 @@ static int upload_files(const char *local, const char *url, const ckpt_upload_op
     }
     /* Nothing half-sent stays (discard_upload): whatever was at url was
      * removed first, or there was nothing (ckpt_output_begin). */
-    if (status && begun) status = discard_upload(url, status);
+    if (status && begun) status = discard_upload(url, claim, status);
+    claim_release(claim, !status);
     free(names.names);
     return status;
 }
