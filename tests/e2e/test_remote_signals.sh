@@ -92,12 +92,13 @@ signal_parts() {
     done
 
     # Into a run directory: the index up, `latest` not yet. The checkpoint
-    # goes too (a retry was refused, "holds a checkpoint already").
-    stopped TERM before-latest "$CK" copy "$WORK/base" "$P/run/step_00000001"
+    # goes too (a retry was refused, "holds a checkpoint already"). Named for
+    # the step it records, 0 (copy refuses another name).
+    stopped TERM before-latest "$CK" copy "$WORK/base" "$P/run/step_00000000"
     check_all "$store: copy into a run, SIGTERM before latest: died of it (exit $RC), the step and latest removed" \
-        '[ "$RC" -eq 143 ] && $empty run/step_00000001 && $empty run/latest'
+        '[ "$RC" -eq 143 ] && $empty run/step_00000000 && $empty run/latest'
     expect_ok "$store: copy into a run stopped: a plain retry is accepted" "$CK" copy "$WORK/base" \
-        "$P/run/step_00000001"
+        "$P/run/step_00000000"
     expect_ok "$store: the retry's latest names the step" "$CK" verify "$P/run"
 
     # tp-reshard -o URL and export -o URL: written into a local copy under
