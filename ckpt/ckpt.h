@@ -434,6 +434,14 @@ int ckpt_reader_finish_checks(ckpt_reader *reader, int *checked);
 void ckpt_reader_close(ckpt_reader *reader);
 
 const char *ckpt_reader_path(const ckpt_reader *reader); /* the resolved checkpoint directory */
+/* Whether a checkpoint in an object store is no longer the one the reader
+ * opened: its index.json removed, or other than what was read at open (a
+ * --force upload removes the index first, replaces the shards, then puts
+ * its own). Pieces that failed their checks were then read from another
+ * checkpoint's files, which says nothing of damage. *changed is 0 for a
+ * local checkpoint (a replacement waits for its readers) and for another
+ * tool's. One read of the index. */
+int ckpt_reader_changed(const ckpt_reader *reader, int *changed);
 const ckpt_layout *ckpt_reader_layout(const ckpt_reader *reader);
 /* The layout the checkpoint was saved at: another tool's read at another
  * layout (ckpt_foreign.saved), else ckpt_reader_layout's. */

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "../common/file.h"
 #include "../common/memory.h"
 #include "attrs.h"
@@ -79,6 +81,8 @@ struct ckpt_reader {
     ckpt_layout saved;      /* such a checkpoint's layout when saved, if read at another (tp 0: none) */
     foreign_checks *checks; /* the checksums such files record, checked as they are read */
     int recorded_digests;   /* such a checkpoint records its tensors' logical digests (recorded_digests) */
+    uint64_t index_digest;  /* XXH64 of the index text read at open (ckpt_reader_changed) */
+    int64_t index_size;
 };
 
 void ckpt_read_options_init(ckpt_read_options *options)
@@ -149,6 +153,11 @@ int ckpt_reader_open(ckpt_reader **out, const char *path, const ckpt_read_option
     if (!status && !r->options.index_text)
         status = store_read_text(r->storage, index_path, CKPT_INDEX_MAX_BYTES, &text, NULL);
     if (!status) status = ckpt_index_parse(text ? text : r->options.index_text, index_path, &r->index);
+    if (!status) { /* what was read, for ckpt_reader_changed */
+        const char *read = text ? text : r->options.index_text;
+        r->index_size = (int64_t)strlen(read);
+        r->index_digest = XXH64(read, (size_t)r->index_size, 0);
+    }
     free(text);
     r->options.index_text = NULL; /* the caller's, needed no longer */
     for (int i = 0; !status && i < r->index.num_tensors; i++) {
@@ -208,6 +217,25 @@ int ckpt_read_index_text(const char *path, char **out)
 }
 
 const char *ckpt_reader_path(const ckpt_reader *r) { return r->path; }
+
+int ckpt_reader_changed(const ckpt_reader *r, int *changed)
+{
+    *changed = 0;
+    if (r->storage->local_paths || r->foreign) return TP_OK; /* a replacement waits for local readers */
+    char index_path[CKPT_PATH_MAX];
+    TP_TRY(tp_path_join(index_path, r->path, CKPT_INDEX_NAME));
+    char *text = NULL;
+    int64_t size = 0;
+    int status = store_read_text(r->storage, index_path, CKPT_INDEX_MAX_BYTES, &text, &size);
+    if (status == TP_ERR_NOT_FOUND) { /* removed: a --force upload's first step */
+        *changed = 1;
+        return TP_OK;
+    }
+    TP_TRY(status);
+    *changed = size != r->index_size || XXH64(text, (size_t)size, 0) != r->index_digest;
+    free(text);
+    return TP_OK;
+}
 const ckpt_layout *ckpt_reader_layout(const ckpt_reader *r) { return &r->index.layout; }
 const ckpt_layout *ckpt_reader_saved_layout(const ckpt_reader *r) { return r->saved.tp ? &r->saved : &r->index.layout; }
 const ckpt_train_state *ckpt_reader_state(const ckpt_reader *r) { return &r->index.state; }

@@ -662,6 +662,19 @@ static int cmd_verify(int argc, char **argv)
         formats_source_close(source);
         return code;
     }
+    /* Pieces that failed because another writer replaced the checkpoint in
+     * the store meanwhile (its index is not the one read at open) were read
+     * from another checkpoint's files: that is said, not damage. */
+    int changed = 0;
+    if (result.damaged && ckpt_reader_changed(r, &changed) == TP_OK && changed) {
+        fprintf(stderr, "tp-ckpt: error: %s changed while it was being read: its index.json is no longer the one "
+                "read at open (another writer replaced or removed it: an upload with --force?); %d of %lld pieces did "
+                "not match what was read first, which is no sign of damage: verify it again once nothing writes it\n",
+                ckpt_reader_path(r), result.damaged, (long long)result.pieces);
+        ckpt_verify_result_free(&result);
+        formats_source_close(source);
+        return 1;
+    }
     /* A piece the system would not read (a permission, a disk's I/O error)
      * is said to be unreadable: nothing in the checkpoint is known wrong. */
     const char *previous = "";

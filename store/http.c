@@ -538,6 +538,13 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
         return tp_fail(TP_ERR_STATE, "%s %s: cut off: the process is being stopped by a signal", q->method, q->url);
     if (t.read_error)
         return tp_fail(TP_ERR_IO, "%s: read failed while uploading it: %s", q->body_file, strerror(t.read_error));
+    /* A server that ignores Range sends the whole object: not more data
+     * than asked, but no ranged reads at all (a transport's fault, not the
+     * object's). */
+    if (t.overflow && q->dst && q->range && r->code == 200)
+        return tp_fail(TP_ERR_IO, "%s: the server answered a ranged GET (bytes %s) with the whole object (HTTP 200%s%lld "
+                       "bytes): ranges not supported? Reading in place needs a server that honours Range",
+                       q->url, q->range, r->content_length >= 0 ? ", " : "", (long long)r->content_length);
     if (t.overflow && q->dst && r->code >= 200 && r->code < 300)
         return tp_fail(TP_ERR_FORMAT, "%s: the server sent more than the %zu bytes asked for", q->url, q->dst_size);
     if (t.overflow && q->body_out && r->code >= 200 && r->code < 300)
@@ -554,9 +561,27 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
         *code_out = CURLE_OPERATION_TIMEDOUT;
         snprintf(why, why_size, "not done within %.0f s (its size at TP_REMOTE_MIN_SPEED, and 2 x TP_REMOTE_TIMEOUT)",
                  t.allowed);
+    } else if (code == CURLE_PARTIAL_FILE) { /* the connection closed before the body's announced end */
+        curl_off_t got = 0;
+        curl_easy_getinfo(curl, CURLINFO_SIZE_DOWNLOAD_T, &got);
+        if (r->content_length >= 0)
+            snprintf(why, why_size, "a short body from the server: the connection closed after %lld of the %lld "
+                     "bytes its Content-Length announced", (long long)got, (long long)r->content_length);
+        else
+            snprintf(why, why_size, "a short body from the server: the connection closed after %lld bytes, before "
+                     "the body's announced end", (long long)got);
     } else if (code != CURLE_OK && !(t.overflow && r->code >= 300))
         snprintf(why, why_size, "%s", curl_easy_strerror(code));
-    else
+    else if (r->code == 206 && q->dst && r->range_first >= 0 && r->range_last >= r->range_first &&
+             r->received < (size_t)(r->range_last - r->range_first + 1)) {
+        /* A body shorter than the bytes its Content-Range names (its
+         * Content-Length agreeing with the body): cut short on the way, as
+         * a dropped connection would; retried like one. */
+        *code_out = CURLE_PARTIAL_FILE;
+        snprintf(why, why_size, "a short body from the server: %zu of the %lld bytes its Content-Range (bytes "
+                 "%lld-%lld) names came", r->received, (long long)(r->range_last - r->range_first + 1),
+                 (long long)r->range_first, (long long)r->range_last);
+    } else
         *code_out = CURLE_OK;
     return TP_OK;
 }

@@ -4,6 +4,7 @@
  * listing. */
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../common/error.h"
 #include "xml.h"
@@ -72,11 +73,53 @@ void xml_text(const char *text, const char *text_end, char *out, size_t out_size
  * DTD: one holding a declaration (<!DOCTYPE, <!ENTITY: entity expansion),
  * nested deeper than any real listing, or without its root element is a
  * server's malformed answer, refused naming the URL rather than read as an
- * empty listing ("no such checkpoint"). */
+ * empty listing ("no such checkpoint"). The scanner reads UTF-8 (and so
+ * ASCII): an answer in UTF-16 or UTF-32 (a byte-order mark, NUL bytes, or
+ * an XML declaration naming it) is refused as an encoding not supported,
+ * not taken for a malformed one ("nested deeper than 32", a UTF-16 body's
+ * bytes read as tags). */
 #define LISTING_DEPTH_MAX 32
+
+/* The encoding a listing is in when it is not one the scanner reads:
+ * "UTF-16" and the like, or NULL (UTF-8, with or without its byte-order
+ * mark). */
+static const char *unsupported_encoding(const char *body, size_t size, char *declared, size_t declared_size)
+{
+    const unsigned char *b = (const unsigned char *)body;
+    if (size >= 4 && ((b[0] == 0xFF && b[1] == 0xFE && !b[2] && !b[3]) || (!b[0] && !b[1] && b[2] == 0xFE && b[3] == 0xFF)))
+        return "UTF-32 (it begins with a byte-order mark)";
+    if (size >= 2 && ((b[0] == 0xFF && b[1] == 0xFE) || (b[0] == 0xFE && b[1] == 0xFF)))
+        return "UTF-16 (it begins with a byte-order mark)";
+    if (memchr(body, '\0', size)) return "UTF-16 or UTF-32 (it holds NUL bytes)";
+    /* <?xml version="1.0" encoding="..."?> */
+    const char *end = body + size, *decl_end;
+    size_t start = size >= 3 && b[0] == 0xEF && b[1] == 0xBB && b[2] == 0xBF ? 3 : 0; /* UTF-8's mark */
+    if (size >= start + 5 && !memcmp(body + start, "<?xml", 5) && (decl_end = memchr(body, '>', size)) != NULL) {
+        const char *enc = NULL;
+        for (const char *q = body; q + 8 <= decl_end && !enc; q++)
+            if (!memcmp(q, "encoding", 8)) enc = q + 8;
+        while (enc && enc < decl_end && (*enc == ' ' || *enc == '=' || *enc == '"' || *enc == '\'')) enc++;
+        size_t n = 0;
+        while (enc && enc + n < end && enc + n < decl_end && enc[n] != '"' && enc[n] != '\'' && n + 1 < declared_size)
+            n++;
+        if (enc && n) {
+            memcpy(declared, enc, n);
+            declared[n] = '\0';
+            if (!strncasecmp(declared, "utf-16", 6) || !strncasecmp(declared, "utf-32", 6) ||
+                !strncasecmp(declared, "ucs", 3))
+                return declared;
+        }
+    }
+    return NULL;
+}
 
 int xml_check_listing(const char *body, size_t size, const char *root, const char *url)
 {
+    char declared[64];
+    const char *encoding = unsupported_encoding(body, size, declared, sizeof declared);
+    if (encoding)
+        return tp_fail(TP_ERR_FORMAT, "%s: the server's listing is in %s, an encoding not supported: listings are "
+                       "read as UTF-8", url, encoding);
     const char *p = body, *end = body + size, *text, *text_end;
     int depth = 0;
     while ((p = memchr(p, '<', (size_t)(end - p))) != NULL) {

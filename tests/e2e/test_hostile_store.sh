@@ -19,6 +19,13 @@
 #   every request for ever (each request of `tp-ckpt info` waited out the
 #   allowance afresh, then six retries at the grown backoff: 1,310 s of
 #   silence with the default 600).
+# Transport faults are said as what they are, never as damage: a body
+# shorter than its Content-Range or Content-Length ("41 of 41 pieces
+# damaged ... the server answered with bytes X-Y (97 bytes)"), a server
+# ignoring Range ("the server sent more than the 262144 bytes asked for",
+# damaged), a checkpoint replaced by another writer once its index was read
+# ("34 of 41 pieces damaged", checksums), a WebDAV listing in UTF-16
+# ("malformed listing").
 # Each ends in one error naming the URL, in bounded time; a throttling
 # store is waited out, saying so, for TP_REMOTE_THROTTLE_SECONDS in all.
 # tier: full
@@ -190,6 +197,31 @@ for proto in s3 webdav; do
         grep -q "error: .*latest_checkpointed_iteration.txt.*slow down" "$WORK/.err"
 done
 
+# Transport faults: unreadable, not damaged. A short body (its Content-Range
+# naming more than came; or its Content-Length, the connection closed) is
+# retried as a cut connection is, then said; a server that ignores Range
+# is said to.
+for mode in short-body short-close no-range; do
+    serve $mode
+    case $mode in
+    short-body) said="a short body from the server: [0-9]+ of the [0-9]+ bytes its Content-Range \(bytes [0-9]+-[0-9]+\) names came \(after 2 attempts\)" ;;
+    short-close) said="a short body from the server: the connection closed after [0-9]+ of the [0-9]+ bytes its Content-Length announced \(after 2 attempts\)" ;;
+    no-range) said="the server answered a ranged GET \(bytes [0-9]+-[0-9]+\) with the whole object \(HTTP 200, [0-9]+ bytes\): ranges not supported\?" ;;
+    esac
+    run env TP_REMOTE_RETRIES=1 TP_REMOTE_BACKOFF_MS=10 timeout 120 "$CK" verify "$U/run"
+    check_all "$mode: verify fails (exit $RC) saying what the server did, each piece unreadable, none damaged" \
+        '[ $RC -eq 1 ] && grep -Eq "^tp-ckpt: unreadable: $U/run/step_00000001/shard_pp00_tp0[01].h5: .*$said" "$WORK/.err" &&
+         grep -q "^tp-ckpt: error: $U/run/step_00000001: 41 of 41 pieces could not be read (not known damaged)" "$WORK/.err" &&
+         ! grep -q "damaged:\|pieces damaged" "$WORK/.err"'
+done
+
+# A checkpoint replaced by another writer once the reader read its index
+# (the index gone, every shard another version): changed, not damaged.
+serve swapped
+expect_error "a checkpoint replaced once its index was read: changed while it was being read, not damaged" 1 \
+    "^tp-ckpt: error: $U/run/step_00000001 changed while it was being read: its index.json is no longer the one read at open .*[0-9]+ of 41 pieces did not match what was read first, which is no sign of damage" \
+    timeout 120 "$CK" verify "$U/run/step_00000001"
+
 # Listings a scanner without a DTD must not read as empty.
 for mode in entity deep; do
     serve $mode
@@ -197,5 +229,12 @@ for mode in entity deep; do
     check_all "a WebDAV listing with $mode: refused as malformed, naming the URL (exit $RC)" \
         '[ $RC -eq 1 ] && grep -q "$U/run: malformed listing from the server" "$WORK/.err"'
 done
+# A listing in UTF-16 (a byte-order mark): an encoding not supported, not
+# a malformed listing.
+serve utf16
+run timeout 30 "$CK" info "$U/run"
+check_all "a WebDAV listing in UTF-16: refused as an encoding not supported, naming the URL (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "$U/run: the server.s listing is in UTF-16 (it begins with a byte-order mark), an encoding not supported" "$WORK/.err" &&
+     ! grep -q malformed "$WORK/.err"'
 
 finish

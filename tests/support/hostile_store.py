@@ -28,6 +28,18 @@ misbehaves as --mode says:
                 the first request (default: for ever): a HEAD's bare, the
                 others' with S3's SlowDown error (an S3 store over its
                 request rate)
+  short-body    a 206 of a shard names the bytes asked for in its
+                Content-Range, but its body (and Content-Length) is 7 bytes
+                shorter
+  short-close   a 206 of a shard announces the bytes asked for (Content-Range
+                and Content-Length), sends 7 bytes fewer and closes the
+                connection
+  no-range      a GET of a shard ignores its Range: 200 and the whole object
+  utf16         PROPFIND answers in UTF-16 (little-endian, a byte-order mark)
+  swapped       the checkpoint is replaced once its index has been read: every
+                later GET of an index.json is 404 (a --force upload removes it
+                first) and every shard is another version (other bytes,
+                another ETag), as another writer's --force leaves them
 
 Writes its port to --port-file once listening; counts requests in
 --count-file. Run with Debian's /usr/bin/python3 (standard library only)."""
@@ -43,6 +55,7 @@ import urllib.parse
 ARGS = None
 LOCK = threading.Lock()
 VERSIONS = {}  # path -> version number (change modes)
+SWAPPED = [False]  # swapped mode: an index was read
 REQUESTS = [0]
 THROTTLED_FROM = [None]  # when the first request to throttle came (slowdown modes)
 
@@ -129,6 +142,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         shard = path.endswith(".h5")
         with LOCK:
             version = VERSIONS.get(path, 0)
+            if ARGS.mode == "swapped":
+                if path.endswith("index.json") and SWAPPED[0]:
+                    return self.send(404, b"<Error><Code>NoSuchKey</Code></Error>")
+                version = 1 if SWAPPED[0] and shard else 0
+                if path.endswith("index.json") and self.command == "GET":
+                    SWAPPED[0] = True
         if ARGS.mode == "replaced":
             version = 1 if os.path.exists(ARGS.switch_file) else 0
         etag = etag_of(path, 0 if ARGS.mode == "change-quiet" else version)
@@ -136,6 +155,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if ARGS.mode in ("change", "replaced") and want and want != etag:
             return self.send(412, b"<Error><Code>PreconditionFailed</Code></Error>")
         rng = self.headers.get("Range")
+        if ARGS.mode == "no-range" and shard:
+            rng = None
         if not rng:
             data = content(path, version)
             if ARGS.mode == "trickle" and path.endswith("index.json") and self.command == "GET":
@@ -153,6 +174,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 VERSIONS[path] = VERSIONS.get(path, 0) + 1
         body = content(path, version, first, last)
         headers = [("ETag", etag), ("Content-Range", "bytes %d-%d/%d" % (first, last, size))]
+        if ARGS.mode == "short-body" and shard and len(body) > 7:
+            return self.send(206, body[:-7], headers)
+        if ARGS.mode == "short-close" and shard and len(body) > 7 and self.command == "GET":
+            self.send_response(206)
+            for k, v in headers:
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body[:-7])
+            self.wfile.flush()
+            self.close_connection = True
+            return
         if ARGS.mode == "trickle" and path.endswith("index.json") and self.command == "GET":
             return self.trickle(body, etag, 206, headers)
         self.send(206, body, headers)
@@ -233,6 +267,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             out.append("<D:response><D:href>%s</D:href><D:propstat><D:prop>%s</D:prop>"
                        "<D:status>HTTP/1.1 200 OK</D:status></D:propstat></D:response>" % (href, prop))
         out.append("</D:multistatus>")
+        if ARGS.mode == "utf16":
+            text = "".join(out).replace('<?xml version="1.0"?>', '<?xml version="1.0" encoding="utf-16"?>')
+            return self.send(207, text.encode("utf-16"), [("Content-Type", "application/xml; charset=utf-16")])
         self.send(207, "".join(out).encode())
 
 
