@@ -893,6 +893,21 @@ int ckpt_upload_latest(const char *checkpoint_url)
     char run_url[CKPT_PATH_MAX], name[CKPT_NAME_MAX + 1], path[CKPT_PATH_MAX];
     TP_TRY(tp_split_path(checkpoint_url, run_url, sizeof run_url, name, sizeof name));
     TP_TRY(tp_path_join(path, run_url, CKPT_LATEST_NAME));
+    /* Never backwards, as a local run's (ckpt_latest_update): step 15
+     * uploaded after step 20 left `latest` on 15. An object store offers no
+     * lock to compare and write under: two uploads of different steps at
+     * the same instant can still both write it. */
+    int64_t step = ckpt_step_of_name(name);
+    char *current = NULL;
+    int status = step >= 0 ? store_read_text_file(path, CKPT_NAME_MAX + 2, &current, NULL) : TP_ERR_NOT_FOUND;
+    if (status == TP_OK) {
+        current[strcspn(current, "\r\n")] = '\0';
+        int64_t newest = ckpt_step_of_name(current);
+        free(current);
+        if (newest > step) return TP_OK; /* a newer checkpoint's: it stays */
+    } else if (status == TP_ERR_IO) { /* the store did not answer; anything else there is replaced */
+        return tp_fail_context(status, "%s: reading the run's latest before moving it", checkpoint_url);
+    }
     char text[CKPT_NAME_MAX + 2];
     int n = snprintf(text, sizeof text, "%s\n", name);
     return store_put_data(path, text, (size_t)n);

@@ -150,6 +150,12 @@ sys.exit(not (i["step"] == 10 and i["layout"]["tp"] == 2 and i["layout"]["pp"] =
         "cp/step_00000003 is named for step 3, but the checkpoint records step 10" \
         "$CK" copy "$WORK/local10" "$U/cp/step_00000003"
     check "nothing sent" [ ! -e "$DAV/cp/step_00000003" ]
+    # An older step uploaded after a newer one: the run's latest stays on the
+    # newer (it moved back to the older on an object store).
+    expect_ok "a step 20 for the run" "$CK" synth -o "$WORK/local20" $SYNTH --step 20
+    expect_ok "copy step 20 up" "$CK" copy "$WORK/local20" "$U/back/step_00000020"
+    expect_ok "then step 10" "$CK" copy "$WORK/local10" "$U/back/step_00000010"
+    check "latest stays on step 20" [ "$(cat "$DAV/back/latest")" = step_00000020 ]
     expect_ok "copy a local checkpoint up" "$CK" copy "$WORK/local10" "$U/cp/step_00000010"
     check "copy up: the run's latest names it" [ "$(cat "$DAV/cp/latest")" = step_00000010 ]
     check_all "copy up: the server's files are the local ones, byte for byte" \
