@@ -31,6 +31,7 @@
 
 #include "../common/clock.h"
 #include "../common/file.h"
+#include "../common/parse.h"
 #include "internal.h"
 
 #define LOCK_NAME ".tp-run.lock"
@@ -58,12 +59,7 @@ struct ckpt_run_claim {
 
 static double lease_period(void)
 {
-    const char *text = getenv("TP_RUN_LEASE_SECONDS");
-    if (!text || !*text) return LEASE_DEFAULT_SECONDS;
-    char *end;
-    double v = strtod(text, &end);
-    if (*end || !(v >= LEASE_MIN_SECONDS && v <= LEASE_MAX_SECONDS)) return -1;
-    return v;
+    return parse_env_seconds("TP_RUN_LEASE_SECONDS", LEASE_DEFAULT_SECONDS, LEASE_MIN_SECONDS, LEASE_MAX_SECONDS);
 }
 
 /* "tp-train (pid 41 on host n1, since 2026-11-24T20:41:07Z)" */
@@ -187,10 +183,7 @@ static int write_lease(const ckpt_run_claim *claim, int64_t renewals)
  * that no longer exists. */
 static int holder_gone(const lease *l)
 {
-    char host[64];
-    store_host_name(host, sizeof host);
-    if (strcmp(host, l->host) != 0) return 0;
-    return kill((pid_t)l->pid, 0) != 0 && errno == ESRCH;
+    return store_process_gone(l->host, l->pid);
 }
 
 static void sleep_seconds(double seconds)

@@ -26,6 +26,7 @@
 
 #include "../common/clock.h"
 #include "../common/parallel.h"
+#include "../common/parse.h"
 #include "../common/path.h"
 #include "commit.h"
 #include "index.h"
@@ -118,12 +119,7 @@ typedef struct {
 
 static double claim_period(void)
 {
-    const char *text = getenv("TP_UPLOAD_CLAIM_SECONDS");
-    if (!text || !*text) return CLAIM_DEFAULT_SECONDS;
-    char *end;
-    double v = strtod(text, &end);
-    if (*end || !(v >= CLAIM_MIN_SECONDS && v <= CLAIM_MAX_SECONDS)) return -1;
-    return v;
+    return parse_env_seconds("TP_UPLOAD_CLAIM_SECONDS", CLAIM_DEFAULT_SECONDS, CLAIM_MIN_SECONDS, CLAIM_MAX_SECONDS);
 }
 
 static int claim_path(const char *url, const char *owner, char *out)
@@ -224,9 +220,7 @@ static int read_claim(const char *path, int *found, claim_record *out)
  * no longer exists. */
 static int claim_writer_gone(const claim_record *r)
 {
-    char host[64];
-    store_host_name(host, sizeof host);
-    return !strcmp(host, r->host) && kill((pid_t)r->pid, 0) != 0 && errno == ESRCH;
+    return store_process_gone(r->host, (long)r->pid);
 }
 
 static int claim_saw(const claim_record *r, const char *owner)

@@ -144,3 +144,11 @@ void format_bytes(double bytes, char *out, int out_size)
     }
     snprintf(out, (size_t)out_size, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
 }
+
+double parse_env_seconds(const char *name, double fallback, double min, double max)
+{
+    const char *text = getenv(name);
+    if (!text || !*text) return fallback;
+    double value;
+    return parse_double(text, &value) == 0 && value >= min && value <= max ? value : -1;
+}

@@ -46,4 +46,8 @@ void format_bytes(double bytes, char *out, int out_size);
  * PARSE_RANGE; a subnormal one ("1e-320") is taken. */
 int parse_double(const char *text, double *out);
 
+/* Seconds from the environment variable name: fallback when it is unset
+ * or empty, -1 when it is not a number (parse_double) in [min, max]. */
+double parse_env_seconds(const char *name, double fallback, double min, double max);
+
 #endif

@@ -90,6 +90,13 @@ void store_host_name(char *out, size_t out_size)
             *c = '-';
 }
 
+int store_process_gone(const char *host, long pid)
+{
+    char here[64];
+    store_host_name(here, sizeof here);
+    return !strcmp(here, host) && pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
 int store_staging_owner(char *out, size_t out_size)
 {
     char host[64];
@@ -170,7 +177,7 @@ static int claimer_gone(const char *name)
     /* .<base>.<host>-<pid>-<nonce>.staging.new: the owner is the part
      * between the last '.' before STAGING_SUFFIX and STAGING_SUFFIX. */
     size_t n = strlen(name) - strlen(CLAIM_SUFFIX) - strlen(STAGING_SUFFIX);
-    char owner[STORE_OWNER_MAX], host[64];
+    char owner[STORE_OWNER_MAX];
     const char *start = name + n;
     while (start > name && start[-1] != '.') start--;
     if ((size_t)(name + n - start) >= sizeof owner) return 0;
@@ -183,9 +190,8 @@ static int claimer_gone(const char *name)
     if (!pid_text) return 0;
     *pid_text++ = '\0';
     long pid = strtol(pid_text, &end, 10);
-    store_host_name(host, sizeof host);
-    if (!*pid_text || *end || pid <= 0 || strcmp(owner, host) != 0) return 0;
-    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    if (!*pid_text || *end || pid <= 0) return 0;
+    return store_process_gone(owner, pid);
 }
 
 /* -------------------------------------------------- entries of dead writers */

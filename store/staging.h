@@ -111,6 +111,10 @@ int store_staging_owner(char *out, size_t out_size);
 const char *store_process_owner(void);
 /* This machine's name as owners carry it: letters, digits and '-' only. */
 void store_host_name(char *out, size_t out_size);
+/* Whether the process pid of host (store_host_name's form) is known to be
+ * gone: host is this machine and no such process runs. Another machine's
+ * is never known gone. */
+int store_process_gone(const char *host, long pid);
 /* "<parent>/.<base>.<owner>.staging": where owner writes path before it is
  * published (owner NULL: this process); out_size at least TP_PATH_MAX. */
 int store_staging_path(const char *path, const char *owner, char *out, size_t out_size);
