@@ -41,7 +41,7 @@ trap cleanup EXIT
 trap 'exit 1' INT TERM
 
 echo "writing the checkpoint ($MODEL, --optim, tp4)..." >&2
-"$BIN/tp-ckpt" synth -o "$SCRATCH/local" $MODEL --tp 4 --pp 1 --optim >&2
+"$BIN/tp-ckpt" synth -o "$SCRATCH/local" $MODEL --tp 4 --pp 1 --optim --step 1 >&2 # uploaded as a run's step_00000001
 BYTES=$(du -sb "$SCRATCH/local" | cut -f1)
 FILES=$(cd "$SCRATCH/local" && ls)
 
