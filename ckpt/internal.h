@@ -9,6 +9,12 @@
 #include "../common/json.h"
 #include "ckpt.h"
 
+/* The JSON object of a small file at path (local or a URL) when there is
+ * one: TP_OK with *found 0 when nothing is there; a store's failure or text
+ * that is not JSON (tp_json_parse) is an error naming path, never taken as
+ * absent. Leases and upload claims are read so. */
+int ckpt_read_json_if_present(const char *path, int64_t max_bytes, int *found, struct cJSON **out);
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "tp-ckpt writes little-endian files with positioned I/O and needs a little-endian host"
 #endif

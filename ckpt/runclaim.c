@@ -124,21 +124,31 @@ typedef struct {
     int64_t renewals;
 } lease;
 
+int ckpt_read_json_if_present(const char *path, int64_t max_bytes, int *found, cJSON **out)
+{
+    *found = 0;
+    *out = NULL;
+    char *text = NULL;
+    int64_t size = 0;
+    int status = store_read_text_file(path, max_bytes, &text, &size);
+    if (status == TP_ERR_NOT_FOUND) return TP_OK;
+    TP_TRY(status);
+    status = tp_json_parse(text, (size_t)size, path, out);
+    free(text);
+    *found = status == TP_OK;
+    return status;
+}
+
 /* Reads the lease: TP_OK with *found 0 when there is none. A lease that
  * cannot be parsed is an error naming it: it is never taken as free. */
 static int read_lease(const char *url, int *found, lease *out)
 {
     memset(out, 0, sizeof *out);
     *found = 0;
-    char *text = NULL;
-    int64_t size = 0;
-    int status = store_read_text_file(url, 64 << 10, &text, &size);
-    if (status == TP_ERR_NOT_FOUND) return TP_OK;
-    TP_TRY(status);
     cJSON *json = NULL;
-    status = tp_json_parse(text, (size_t)size, url, &json);
-    free(text);
-    TP_TRY(status);
+    int present;
+    TP_TRY(ckpt_read_json_if_present(url, 64 << 10, &present, &json));
+    if (!present) return TP_OK;
     const cJSON *owner = cJSON_GetObjectItemCaseSensitive(json, "owner");
     const cJSON *holder = cJSON_GetObjectItemCaseSensitive(json, "holder");
     const cJSON *host = cJSON_GetObjectItemCaseSensitive(json, "host");

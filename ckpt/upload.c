@@ -169,15 +169,10 @@ static int read_claim(const char *path, int *found, claim_record *out)
 {
     memset(out, 0, sizeof *out);
     *found = 0;
-    char *text = NULL;
-    int64_t size = 0;
-    int status = store_read_text_file(path, CLAIM_TEXT_MAX, &text, &size);
-    if (status == TP_ERR_NOT_FOUND) return TP_OK;
-    TP_TRY(status);
     cJSON *json = NULL;
-    status = tp_json_parse(text, (size_t)size, path, &json);
-    free(text);
-    TP_TRY(status);
+    int present;
+    TP_TRY(ckpt_read_json_if_present(path, CLAIM_TEXT_MAX, &present, &json));
+    if (!present) return TP_OK;
     const cJSON *owner = cJSON_GetObjectItemCaseSensitive(json, "owner");
     const cJSON *writer = cJSON_GetObjectItemCaseSensitive(json, "writer");
     const cJSON *host = cJSON_GetObjectItemCaseSensitive(json, "host");
