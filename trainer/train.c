@@ -744,6 +744,14 @@ static int finish_uploads(trainer *t)
     return tp_fail(t->last_upload_status, "%s", t->last_upload_error);
 }
 
+/* Logs a step's line r, its clock started at start. */
+static void report_step(trainer *t, train_report *r, double start)
+{
+    r->seconds = now_seconds() - start;
+    r->tokens_per_second = (double)(t->global_batch * t->model->T) / r->seconds;
+    report(t, r);
+}
+
 /* A step whose gradient norm is not finite (the run diverged: a learning
  * rate too high, bad data, a kernel gone wrong): its line is logged, its
  * update was not applied, the saves already under way are committed, and
@@ -751,10 +759,13 @@ static int finish_uploads(trainer *t)
  * one. Training on would write checkpoints of NaN weights after the last
  * good ones (and tp-elastic --keep would prune those). Every rank holds the
  * same norm, so all end here together. weights: the norm was finite but the
- * update left weights that are not (weights_finite, asked before a save). */
-static int end_diverged(trainer *t, int64_t step, int64_t start_step, int weights)
+ * update left weights that are not (weights_finite, asked before a save).
+ * The step's line r (its clock started at start) is logged here. */
+static int end_diverged(trainer *t, int64_t step, int64_t start_step, int weights, train_report *r, double start)
 {
     train_outcome *out = t->outcome;
+    report_step(t, r, start);
+    out->step = step - 1;
     if (t->o->ckpt_dir) {
         TP_TRY(saver_poll(t->saver, 1));
         TP_TRY(report_saves(t));
@@ -793,25 +804,13 @@ static int train_steps(trainer *t, int64_t start_step)
         train_report r = {.kind = TRAIN_REPORT_STEP, .step = step};
         double start = now_seconds();
         TP_TRY(train_step(t, step, step == start_step + 1, &r));
-        if (!isfinite(r.grad_norm)) {
-            r.seconds = now_seconds() - start;
-            r.tokens_per_second = (double)(t->global_batch * t->model->T) / r.seconds;
-            report(t, &r);
-            out->step = step - 1;
-            return end_diverged(t, step, start_step, 0);
-        }
+        if (!isfinite(r.grad_norm)) return end_diverged(t, step, start_step, 0, &r, start);
         int stop;
         int asked = (o->control && atomic_load(&o->control->stop)) || (o->stop_at > 0 && step == o->stop_at);
         TP_TRY(comm_any(c, asked, &stop));
         int finite = 1;
         if (o->ckpt_dir && save_due(o, step, stop)) TP_TRY(weights_finite(t, &finite));
-        if (!finite) {
-            r.seconds = now_seconds() - start;
-            r.tokens_per_second = (double)(t->global_batch * t->model->T) / r.seconds;
-            report(t, &r);
-            out->step = step - 1;
-            return end_diverged(t, step, start_step, 1);
-        }
+        if (!finite) return end_diverged(t, step, start_step, 1, &r, start);
         /* The checkpoint of a stop is written after the step's line: it is
          * synchronous, and a trainer killed once it is committed (a grace
          * period ending) must not leave a checkpoint of a step its log
@@ -820,9 +819,7 @@ static int train_steps(trainer *t, int64_t start_step)
             TP_TRY(checkpoint_after(t, step, stop));
             r.checkpoint_stall = saver_take_stall_seconds(t->saver);
         }
-        r.seconds = now_seconds() - start;
-        r.tokens_per_second = (double)(t->global_batch * t->model->T) / r.seconds;
-        report(t, &r);
+        report_step(t, &r, start);
         if (out->steps_run++ == 0) out->first_loss = r.loss;
         out->last_loss = r.loss;
         out->step = step;
