@@ -1,6 +1,7 @@
 /* verify.c: a whole checkpoint checked, piece by piece, on several threads
  * (ckpt.h): what `tp-ckpt verify` reports and what tp-elastic requires of a
  * checkpoint before resuming from it. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,13 @@ typedef struct {
     ckpt_reader *reader;
     piece_check *checks;
     const ckpt_verify_options *options;
+    /* Once a request to an object store failed through every retry (cut
+     * bodies, no answer: store_requests_given_up grew), the pieces left are
+     * not asked for: each would wait through the same retries, minutes of
+     * backoff from a server that answers none, to be said unreadable all
+     * the same. One object refused (a 403: no retry) stops nothing. */
+    long given_up_before;
+    atomic_int store_failed;
 } verify_job;
 
 static int by_file_order(const void *a, const void *b)
@@ -33,7 +41,16 @@ static int verify_one(void *ctx, int64_t i, int thread)
     (void)thread;
     verify_job *job = ctx;
     piece_check *check = &job->checks[i];
+    if (atomic_load(&job->store_failed)) {
+        check->status = TP_ERR_IO;
+        snprintf(check->message, sizeof check->message,
+                 "%s: not read: the store failed an earlier piece through every retry (TP_REMOTE_RETRIES)",
+                 ckpt_reader_path(job->reader));
+        if (job->options->progress) job->options->progress(job->options->progress_ctx, check->bytes);
+        return TP_OK;
+    }
     check->status = ckpt_reader_verify_piece(job->reader, check->tensor, check->piece);
+    if (check->status && store_requests_given_up() > job->given_up_before) atomic_store(&job->store_failed, 1);
     if (!check->status) check->status = ckpt_reader_check_padding(job->reader, check->tensor, check->piece);
     if (check->status) snprintf(check->message, sizeof check->message, "%s", tp_errmsg());
     if (job->options->progress) job->options->progress(job->options->progress_ctx, check->bytes);
@@ -48,7 +65,8 @@ int ckpt_verify(ckpt_reader *r, const ckpt_verify_options *options, ckpt_verify_
     const ckpt_layout *layout = ckpt_reader_layout(r);
     int tensors = ckpt_reader_num_tensors(r);
     for (int t = 0; t < tensors; t++) out->pieces += ckpt_piece_count(ckpt_reader_tensor(r, t), layout->tp);
-    verify_job job = {r, calloc((size_t)out->pieces + 1, sizeof *job.checks), options};
+    verify_job job = {r, calloc((size_t)out->pieces + 1, sizeof *job.checks), options,
+                      store_requests_given_up(), 0};
     if (!job.checks) return tp_fail(TP_ERR_NOMEM, "%s: out of memory verifying", ckpt_reader_path(r));
     int64_t k = 0;
     for (int t = 0; t < tensors; t++)

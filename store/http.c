@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@ static int init_status;
 static char init_error[256] = "libcurl failed to initialize";
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static pthread_key_t handle_key;
+static atomic_long requests_given_up; /* store_requests_given_up */
 
 #define BACKOFF_MAX_MS 10000L /* the longest wait between two attempts */
 
@@ -586,6 +588,11 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
     return TP_OK;
 }
 
+long store_requests_given_up(void)
+{
+    return atomic_load(&requests_given_up);
+}
+
 int http_perform(const http_request *q, http_response *r)
 {
     CURL *curl = NULL;
@@ -610,6 +617,7 @@ int http_perform(const http_request *q, http_response *r)
              * the whole stretch; the wait never runs past its end. */
             double waited, left = throttle_answered(q, r, &throttled_since, &waited);
             if (left <= 0) {
+                atomic_fetch_add(&requests_given_up, 1);
                 char reason[64];
                 throttle_reason(r, reason, sizeof reason);
                 return tp_fail(TP_ERR_IO, "%s %s: the store kept asking to slow down (%s) for %.0f s, as long as "
@@ -621,6 +629,7 @@ int http_perform(const http_request *q, http_response *r)
             continue;
         }
         if (!transient || counted >= policy.retries) {
+            if (transient) atomic_fetch_add(&requests_given_up, 1);
             if (code == CURLE_OK) return TP_OK; /* a 5xx after every retry: the caller names it */
             return tp_fail(TP_ERR_IO, "%s %s: %s (after %d attempts)", q->method, q->url, why, attempt + 1);
         }

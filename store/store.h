@@ -120,6 +120,13 @@ const store_ops *store_s3(void);
  * held; fn NULL removes it. */
 typedef void (*store_notice_fn)(void *ctx, const char *text);
 void store_set_notice(store_notice_fn fn, void *ctx);
+/* How many requests to an object store this process gave up on after
+ * every retry (TP_REMOTE_RETRIES) or the whole allowance of being asked to
+ * slow down: a server that stopped answering, or answers every request
+ * wrong. A reader of many pieces that goes on past a failed one (verify)
+ * compares the count before and after to tell such a server from one
+ * object's refusal (a 403 of one file: no retry), and stops asking. */
+long store_requests_given_up(void);
 
 /* ---------------------------------------------------------- the registry */
 

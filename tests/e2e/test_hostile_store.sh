@@ -41,7 +41,7 @@ trap 'exit 130' INT TERM
 # serve MODE [--s3]: the server on a free port, URL in $U.
 serve() {
     [ -n "$SERVER_PID" ] && { kill $SERVER_PID; wait $SERVER_PID 2>/dev/null; }
-    rm -f "$WORK/port"
+    rm -f "$WORK/port" "$WORK/count"
     "$PY" "$ROOT/tests/support/hostile_store.py" --root "$WORK/root" --mode "$@" --port-file "$WORK/port" \
         --count-file "$WORK/count" 2>"$WORK/server.err" &
     SERVER_PID=$!
@@ -214,6 +214,18 @@ for mode in short-body short-close no-range; do
          grep -q "^tp-ckpt: error: $U/run/step_00000001: 41 of 41 pieces could not be read (not known damaged)" "$WORK/.err" &&
          ! grep -q "damaged:\|pieces damaged" "$WORK/.err"'
 done
+
+# A server that cuts every body: once a piece failed through every retry,
+# verify asks for no other (each waited through the same retries: 41
+# pieces of 5 attempts here, 7 with the default retries and their
+# backoff, minutes), and says the rest were not read.
+serve short-body
+run env TP_REMOTE_RETRIES=4 TP_REMOTE_BACKOFF_MS=10 timeout 120 "$CK" verify --threads 2 "$U/run"
+asked=$(requests)
+check_all "a server cutting every body: verify stops asking after a piece failed every retry ($asked requests, 164 before), exit $RC" \
+    '[ $RC -eq 1 ] && [ $asked -lt 60 ] &&
+     grep -q "^tp-ckpt: unreadable: $U/run/step_00000001: not read: the store failed an earlier piece through every retry" "$WORK/.err" &&
+     grep -q "^tp-ckpt: error: $U/run/step_00000001: 41 of 41 pieces could not be read (not known damaged)" "$WORK/.err"'
 
 # A checkpoint replaced by another writer once the reader read its index
 # (the index gone, every shard another version): changed, not damaged.
