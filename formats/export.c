@@ -729,12 +729,7 @@ static int export_band(void *ctx, int64_t k, int thread)
  * of the others. */
 static int overflow_status(const exporter *x)
 {
-    int first = -1, others = 0;
-    for (int i = 0; i < x->count; i++)
-        if (x->overflow[i].count) {
-            if (first < 0) first = i;
-            else others++;
-        }
+    int others, first = convert_overflow_first(x->overflow, x->count, &others);
     if (first < 0) return TP_OK;
     const out_tensor *t = &x->tensors[first];
     return convert_overflow_check(x->overflow[first], t->out, t->spec->source, others);
@@ -834,7 +829,6 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
     if (!status) status = ckpt_reader_finish_checks(source, NULL);
     if (!status && x.flat) {
         status = ckpt_flat_commit(x.flat);
-        if (status) status = status;
         x.flat = NULL;
     } else if (!status && staged) {
         status = store_staged_publish(x.staged); /* frees it, whatever the outcome */

@@ -503,6 +503,7 @@ typedef struct {
     ckpt_writer *writer;
     int tp;
     const import_options *o;
+    convert_overflow *overflow; /* per tensor: finite values its dtype made infinite */
     void **slabs;      /* per thread */
     int64_t slab_bytes;
 } importer;
@@ -587,12 +588,13 @@ static int import_tensor(void *ctx, int64_t task, int thread)
             int64_t n = piece_shape[0] - r < slab_rows ? piece_shape[0] - r : slab_rows;
             ckpt_piece_element_runs(d, im->tp, p, r, r + n, fill_run, &fill);
             status = ckpt_writer_put_rows(im->writer, im->ids[i], p, r, n, fill.slab);
-            if (status) status = status;
-            else if (im->o->on_bytes) im->o->on_bytes(im->o->progress_ctx, n * row_elements * (int64_t)fill.out_size);
+            if (!status && im->o->on_bytes) im->o->on_bytes(im->o->progress_ctx, n * row_elements * (int64_t)fill.out_size);
         }
     }
-    /* The whole tensor's count; the writer commits nothing of a failed import. */
-    if (!status) status = convert_overflow_check(fill.overflow, d->dtype, d->name, 0);
+    /* The whole tensor's count, checked once every tensor is converted
+     * (import_run), so that the error names them all; the writer commits
+     * nothing of a failed import. */
+    im->overflow[i] = fill.overflow;
     /* Done with this tensor: its pages leave this process's memory. */
     for (int p = 0; p < parts; p++) {
         const st_tensor *s = im->sources[i][p];
@@ -701,14 +703,21 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
                const ckpt_layout *layout, const ckpt_train_state *state, const import_options *options,
                const char *out_path)
 {
-    importer im = {set, tensors, map, calloc((size_t)count + 1, sizeof *im.sources), calloc((size_t)count + 1, sizeof(int)),
-                   calloc((size_t)count + 1, sizeof(int)), NULL, layout->tp, options, NULL, SLAB_TARGET_BYTES};
+    importer im = {.set = set,
+                   .tensors = tensors,
+                   .map = map,
+                   .sources = calloc((size_t)count + 1, sizeof *im.sources),
+                   .ids = calloc((size_t)count + 1, sizeof(int)),
+                   .order = calloc((size_t)count + 1, sizeof(int)),
+                   .tp = layout->tp,
+                   .o = options,
+                   .overflow = calloc((size_t)count + 1, sizeof *im.overflow),
+                   .slab_bytes = SLAB_TARGET_BYTES};
     int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
     if (threads > count) threads = count > 0 ? count : 1;
-    int status = !im.sources || !im.ids || !im.order ? tp_fail(TP_ERR_NOMEM, "out of memory") : TP_OK;
+    int status = !im.sources || !im.ids || !im.order || !im.overflow ? tp_fail(TP_ERR_NOMEM, "out of memory") : TP_OK;
     for (int i = 0; i < count && !status; i++) {
         status = ckpt_tensor_check(&tensors[i], layout->tp);
-        if (status) status = status;
     }
     if (!status) status = check_sources(&im, count);
     ckpt_write_options write_options;
@@ -716,11 +725,9 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
     write_options.overwrite = options->overwrite;
     write_options.update_latest = options->update_latest;
     write_options.compress_level = options->compress_level;
-    if (!status && (status = ckpt_writer_create(&im.writer, out_path, layout, &write_options)) != TP_OK)
-        status = status;
+    if (!status) status = ckpt_writer_create(&im.writer, out_path, layout, &write_options);
     for (int i = 0; i < count && !status; i++) {
         status = ckpt_writer_add_tensor(im.writer, &tensors[i], &im.ids[i]);
-        if (status) status = status;
         im.order[i] = i;
     }
     if (!status) {
@@ -740,14 +747,19 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
         if (!im.slabs) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     }
     if (!status) status = parallel_for(count, threads, import_tensor, &im);
+    if (!status) {
+        int others, first = convert_overflow_first(im.overflow, count, &others);
+        if (first >= 0) status = convert_overflow_check(im.overflow[first], tensors[first].dtype, tensors[first].name, others);
+    }
     if (im.writer) {
         if (status) ckpt_writer_abort(im.writer);
-        else if ((status = ckpt_writer_commit(im.writer, state)) != TP_OK) status = status;
+        else status = ckpt_writer_commit(im.writer, state);
     }
     for (int t = 0; im.slabs && t < threads; t++) free(im.slabs[t]);
     free(im.slabs);
     free(im.sources);
     free(im.ids);
     free(im.order);
+    free(im.overflow);
     return status;
 }

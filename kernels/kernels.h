@@ -42,6 +42,10 @@ static inline void convert_overflow_add(convert_overflow *sum, convert_overflow 
  * them, and the dtypes that hold them; `more` other tensors that overflowed
  * as well are said after (0: none). */
 int convert_overflow_check(convert_overflow o, tp_dtype format, const char *what, int more);
+/* The first of count tensors' overflows that counts anything (-1: none),
+ * and how many others do (*others): what convert_overflow_check names
+ * when a conversion of many tensors overflowed. */
+int convert_overflow_first(const convert_overflow *per_tensor, int count, int *others);
 
 /* Converts n values; out may not overlap in. Narrowing rounds to nearest,
  * ties to even; overflow gives infinity, counted in the result; NaN stays

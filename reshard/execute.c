@@ -96,12 +96,7 @@ static int run_slab(void *ctx, int64_t k, int thread)
  * dtype, with a count of the others. */
 static int overflow_status(const reshard_plan *plan, const convert_overflow *overflow)
 {
-    int first = -1, others = 0;
-    for (int i = 0; i < plan->num_tensors; i++)
-        if (overflow[i].count) {
-            if (first < 0) first = i;
-            else others++;
-        }
+    int others, first = convert_overflow_first(overflow, plan->num_tensors, &others);
     if (first < 0) return TP_OK;
     const tensor_plan *t = &plan->tensors[first];
     return convert_overflow_check(overflow[first], t->out.desc.dtype, t->out.name, others);

@@ -81,6 +81,18 @@ convert_overflow convert_numbers(const void *in, tp_dtype in_format, void *out, 
     return sum;
 }
 
+int convert_overflow_first(const convert_overflow *per_tensor, int count, int *others)
+{
+    int first = -1;
+    *others = 0;
+    for (int i = 0; i < count; i++)
+        if (per_tensor[i].count) {
+            if (first < 0) first = i;
+            else ++*others;
+        }
+    return first;
+}
+
 int convert_overflow_check(convert_overflow o, tp_dtype format, const char *what, int more)
 {
     if (o.count == 0) return TP_OK;

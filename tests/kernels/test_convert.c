@@ -215,3 +215,15 @@ Test(convert, overflow_check_names_the_tensor)
     cr_assert_str_eq(tp_errmsg(), "w: 1 value beyond bf16's range (largest |x| 3.4e+38) would become infinite: "
                                   "keep fp32 (--dtype); 2 more tensors as well");
 }
+
+Test(convert, overflow_first_of_many_tensors)
+{
+    convert_overflow tensors[5] = {{0, 0.0f}, {2, 7e4f}, {0, 0.0f}, {1, 1e6f}, {4, 9e4f}};
+    int others = -1;
+    cr_assert_eq(convert_overflow_first(tensors, 5, &others), 1);
+    cr_assert_eq(others, 2);
+    cr_assert_eq(convert_overflow_first(tensors, 1, &others), -1);
+    cr_assert_eq(others, 0);
+    cr_assert_eq(convert_overflow_first(tensors + 3, 1, &others), 0);
+    cr_assert_eq(others, 0);
+}
