@@ -152,10 +152,8 @@ int reshard_execute(reshard_plan *plan, const char *out_path)
                     calloc((size_t)plan->num_tensors + 1, sizeof(convert_overflow)), PTHREAD_MUTEX_INITIALIZER};
     if (!job.ids || !job.staging || !job.output || !job.movers || !job.ops || !job.overflow)
         status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < plan->num_tensors && !status; i++) {
+    for (int i = 0; i < plan->num_tensors && !status; i++)
         status = ckpt_writer_add_tensor(writer, &plan->tensors[i].out.desc, &job.ids[i]);
-        if (status) status = status;
-    }
     malloc_trim(0); /* what declaring every output dataset left behind */
     for (int t = 0; t < threads && !status; t++) {
         if (plan->use_cuda) {

@@ -38,10 +38,7 @@ static int converted_digest(ckpt_reader *source, int index, tp_dtype dtype, uint
         start[0] = r;
         count[0] = t->shape[0] - r < rows ? t->shape[0] - r : rows;
         status = ckpt_reader_read_region(source, index, start, count, raw, src_bytes);
-        if (status) {
-            status = status;
-            break;
-        }
+        if (status) break;
         /* A source value beyond dtype's range has no equal in the output: the
          * digest of its infinity would vouch for what reshard refuses. */
         status = convert_overflow_check(convert_numbers(raw, t->dtype, converted, dtype, count[0] * row), dtype,
