@@ -1408,22 +1408,28 @@ int megatron_check_replicas(const megatron_checkpoint *m, int threads, megatron_
     return status;
 }
 
+int megatron_replicas_refusal(const char *path, const megatron_replica_result *replicas)
+{
+    if (!replicas->copies_differ) return TP_OK;
+    char more[96] = "";
+    if (replicas->copies_differ > 1)
+        snprintf(more, sizeof more, " (%d copies of %d tensors differ)", replicas->copies_differ, replicas->tensors_differ);
+    return tp_fail(TP_ERR_FORMAT, "%s: %s%s", path, replicas->first_difference, more);
+}
+
+int megatron_refuse_differing_copies(const megatron_checkpoint *m, int threads)
+{
+    megatron_replica_result replicas;
+    TP_TRY(megatron_check_replicas(m, threads, &replicas));
+    return megatron_replicas_refusal(m->path, &replicas);
+}
+
 int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt_reader **out)
 {
     *out = NULL;
     /* Digests prove an output equal to the copy read: where another copy
      * differs, the checkpoint holds two values and neither is proven. */
-    if (compute_digests) {
-        megatron_replica_result replicas;
-        TP_TRY(megatron_check_replicas(m, 1, &replicas));
-        if (replicas.copies_differ) {
-            char more[96] = "";
-            if (replicas.copies_differ > 1)
-                snprintf(more, sizeof more, " (%d copies of %d tensors differ)", replicas.copies_differ,
-                         replicas.tensors_differ);
-            return tp_fail(TP_ERR_FORMAT, "%s: %s%s", m->path, replicas.first_difference, more);
-        }
-    }
+    if (compute_digests) TP_TRY(megatron_refuse_differing_copies(m, 1));
     const megatron_config *c = &m->config;
     /* The rank files, then their distrib_optim.pt where read. */
     int ranks = c->tp * c->pp, files = m->distrib_optim ? 2 * ranks : ranks;

@@ -148,6 +148,16 @@ typedef struct {
  * returned; a failure to read is. A NaN differs from a number, and from
  * another NaN of other bits. */
 int megatron_check_replicas(const megatron_checkpoint *checkpoint, int threads, megatron_replica_result *result);
+/* TP_OK where no copy differs; else TP_ERR_FORMAT saying path and result's
+ * first difference (the tensor, both files, the element, both values) and
+ * how many differ. One message for every reader that refuses copies that
+ * differ (the legacy and torch_dist ones). */
+int megatron_replicas_refusal(const char *path, const megatron_replica_result *result);
+/* megatron_check_replicas, copies that differ refused (megatron_replicas_refusal):
+ * what a tool whose output takes the copies read asks first (export,
+ * import, a reader computing digests), since its output would hold one of
+ * two values without a word. */
+int megatron_refuse_differing_copies(const megatron_checkpoint *checkpoint, int threads);
 
 /* What megatron_verify found. */
 typedef struct {

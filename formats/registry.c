@@ -29,6 +29,8 @@ static int open_megatron(const char *path, const formats_source_options *o, form
 {
     TP_TRY(megatron_open(path, &s->megatron));
     if (o->true_vocab) TP_TRY(megatron_set_true_vocab(s->megatron, o->true_vocab));
+    /* compute_digests compares them itself (megatron_reader_open). */
+    if (o->compare_copies && !o->compute_digests) TP_TRY(megatron_refuse_differing_copies(s->megatron, o->threads));
     return megatron_reader_open(s->megatron, o->compute_digests, &s->reader);
 }
 

@@ -1122,7 +1122,11 @@ static int cmd_export(int argc, char **argv)
     ckpt_read_options read;
     ckpt_read_options_init(&read);
     read.verify = 1;
-    formats_source_options source_options = {.read = &read, .true_vocab = true_vocab, .threads = options.threads};
+    /* The export takes one copy of each tensor stored more than once (a
+     * Megatron checkpoint's replicated tensors): the others are compared
+     * with it first, since an output of one of two values proves nothing. */
+    formats_source_options source_options = {
+        .read = &read, .compare_copies = 1, .true_vocab = true_vocab, .threads = options.threads};
     formats_source *source = NULL;
     if (formats_source_open(argv[optind], source_format, &source_options, &source)) return fail("%s", tp_errmsg());
     if ((code = cli_output_apart("tp-ckpt", argv[optind], out))) {
@@ -1229,7 +1233,8 @@ static int import_megatron(const char *dir, const checkpoint_format *format, con
                            int64_t true_vocab, import_options *options, int force_progress)
 {
     formats_source *source = NULL;
-    formats_source_options source_options = {.true_vocab = true_vocab, .threads = options->threads};
+    /* Every copy of a tensor stored more than once compared with the one imported (as export's). */
+    formats_source_options source_options = {.compare_copies = 1, .true_vocab = true_vocab, .threads = options->threads};
     gpt_megatron_import *job = NULL;
     int code = 0;
     if (formats_source_open(dir, format, &source_options, &source) ||
