@@ -37,6 +37,8 @@ static int open_megatron(const char *path, const formats_source_options *o, form
 static int open_megatron_dist(const char *path, const formats_source_options *o, formats_source *s)
 {
     TP_TRY(megatron_dist_open(path, &s->dist));
+    /* compute_digests compares them itself (megatron_dist_reader_open). */
+    if (o->compare_copies && !o->compute_digests) TP_TRY(megatron_dist_refuse_differing_copies(s->dist, o->threads));
     return megatron_dist_reader_open(s->dist, o->compute_digests, o->threads, &s->reader);
 }
 
