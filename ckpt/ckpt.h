@@ -522,6 +522,16 @@ int ckpt_reader_verify_piece(ckpt_reader *reader, int index, int piece);
  * rule; a foreign checkpoint's padding is not checked). */
 int ckpt_reader_check_padding(ckpt_reader *reader, int index, int piece);
 
+/* Compares, bit for bit, every replica a piece holds (format 1.4's
+ * replicated segments: a granule of fewer key/value heads than ranks on
+ * several ranks) with its primary copy, the one readers and digests take:
+ * TP_ERR_FORMAT at the first that differs, naming the tensor, both ranks
+ * and files, the element (logical coordinates) and both values. A piece
+ * without replicas, and a foreign checkpoint's, is TP_OK unread. Digests
+ * and block checksums cannot see such a difference: the writer checksums
+ * what it writes, and a digest counts the primary copy alone. */
+int ckpt_reader_check_replicas(ckpt_reader *reader, int index, int piece);
+
 /* A damaged piece found by ckpt_verify. */
 typedef struct {
     int tensor, piece;
@@ -543,7 +553,7 @@ typedef struct {
 } ckpt_verify_result;
 
 /* Verifies every piece of the checkpoint (ckpt_reader_verify_piece, then
- * ckpt_reader_check_padding), threads taking neighbouring pieces of one
+ * ckpt_reader_check_padding, then ckpt_reader_check_replicas), threads taking neighbouring pieces of one
  * file. Returns TP_OK when it could check, whatever it found (out->damaged);
  * an error only when it could not (out of memory). options may be NULL. */
 int ckpt_verify(ckpt_reader *reader, const ckpt_verify_options *options, ckpt_verify_result *out);
@@ -817,6 +827,14 @@ void ckpt_flat_abort(ckpt_flat_file *file);
 int ckpt_flat_read_attribute(const char *path, const char *name, char *out, size_t size);
 
 /* ------------------------------------------------------ logical comparison */
+
+/* An element of dtype at `at` (little-endian, as stored) as a message says
+ * it: its value and its bits, "5 (0x40a00000)", "nan (0x7e00)": two copies
+ * that should be equal named apart even where their values print alike. */
+void ckpt_element_text(const void *at, tp_dtype dtype, char *out, size_t size);
+/* The coordinates of flat (row-major) element `element` of a block of
+ * shape [ndim], each plus origin[d] (NULL: 0): "2, 1". */
+void ckpt_element_place(const int64_t *shape, const int64_t *origin, int ndim, int64_t element, char *out, size_t size);
 
 typedef struct {
     int64_t elements;        /* elements compared */

@@ -2,12 +2,40 @@
  * Both sides are read as slabs of whole logical rows (axis 0) through
  * ckpt_reader_read_region, widened to fp32 and compared element by element. */
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../common/memory.h"
 #include "../kernels/kernels.h"
 #include "internal.h"
+
+void ckpt_element_text(const void *at, tp_dtype dtype, char *out, size_t size)
+{
+    const unsigned char *bytes = at;
+    float value = 0;
+    uint32_t bits = 0;
+    size_t n = tp_dtype_size(dtype);
+    convert_numbers(at, dtype, &value, TP_FP32, 1);
+    for (size_t b = 0; b < n && b < sizeof bits; b++) bits |= (uint32_t)bytes[b] << (8 * b);
+    snprintf(out, size, "%.9g (0x%0*x)", (double)value, (int)(2 * n), bits);
+}
+
+void ckpt_element_place(const int64_t *shape, const int64_t *origin, int ndim, int64_t element, char *out, size_t size)
+{
+    char place[200] = "";
+    int64_t rest = element;
+    for (int x = ndim - 1; x >= 0; x--) { /* the last dimension's coordinate first */
+        int64_t coordinate = x > 0 && shape[x] > 0 ? rest % shape[x] : rest;
+        rest = x > 0 && shape[x] > 0 ? rest / shape[x] : 0;
+        char part[200];
+        snprintf(part, sizeof part, "%lld%s%.160s", (long long)(coordinate + (origin ? origin[x] : 0)), place[0] ? ", " : "",
+                 place);
+        snprintf(place, sizeof place, "%s", part);
+    }
+    snprintf(out, size, "%s", place);
+}
 
 int ckpt_compare_tensor(ckpt_reader *a, int ai, ckpt_reader *b, int bi, double rtol, double atol,
                         size_t slab_bytes, ckpt_compare_result *out)

@@ -1289,6 +1289,73 @@ int ckpt_reader_check_padding(ckpt_reader *r, int i, int piece)
     return status;
 }
 
+int ckpt_reader_check_replicas(ckpt_reader *r, int i, int piece)
+{
+    int status = check_piece_arg(r, i, piece);
+    if (status) return status;
+    const ckpt_tensor_desc *t = &r->index.tensors[i].tensor.desc;
+    int tp = r->index.layout.tp;
+    if (t->partition.kind != CKPT_SPLIT || !t->partition.replicate_small_segments || r->foreign) return TP_OK;
+    ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
+    int64_t n = ckpt_piece_runs(t, tp, piece, runs, 2 * CKPT_MAX_SEGMENTS);
+    if (n < 0) return tp_fail(TP_ERR_FORMAT, "tensor %s: piece %d's runs at tp %d", t->name, piece, tp);
+    int axis = t->partition.axis;
+    size_t elem = tp_dtype_size(t->dtype);
+    for (int64_t k = 0; k < n && !status; k++) {
+        if (!runs[k].replica) continue;
+        /* Where readers take these rows: the primary copy, one run (a granule lies whole on its rank). */
+        ckpt_run primary;
+        if (ckpt_partition_runs(t, tp, runs[k].logical_start, runs[k].length, &primary, 1) != 1)
+            return tp_fail(TP_ERR_FORMAT, "tensor %s: the primary copy of rows %lld..%lld of axis %d is not one run",
+                           t->name, (long long)runs[k].logical_start,
+                           (long long)(runs[k].logical_start + runs[k].length - 1), axis);
+        piece_ctx copy, read;
+        status = piece_context(r, i, piece, &copy);
+        if (!status) status = piece_context(r, i, primary.rank, &read);
+        if (status) return status;
+        /* The box: the run's rows along axis, every element of the other
+         * dimensions of the piece ([... , length, ...]). */
+        const ckpt_piece_geometry *g = &copy.pr->geometry;
+        int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS], elements = 1;
+        memcpy(count, g->shape, sizeof count);
+        count[axis] = runs[k].length;
+        for (int d = 0; d < g->ndim; d++) elements *= count[d];
+        size_t bytes = (size_t)elements * elem;
+        unsigned char *a = alloc_pages(bytes), *b = alloc_pages(bytes);
+        if (!a || !b) {
+            free(a);
+            free(b);
+            return tp_fail(TP_ERR_NOMEM, "out of memory");
+        }
+        box_frame frame = {g->ndim, {0}, {0}};
+        memcpy(frame.shape, count, sizeof frame.shape);
+        start[axis] = runs[k].local_start;
+        status = read_piece_box(&copy, start, count, (char *)a, &frame);
+        start[axis] = primary.local_start;
+        if (!status) status = read_piece_box(&read, start, count, (char *)b, &frame);
+        if (!status && memcmp(a, b, bytes)) {
+            int64_t e = 0; /* the first element whose bits differ */
+            while (!memcmp(a + e * (int64_t)elem, b + e * (int64_t)elem, elem)) e++;
+            int64_t origin[CKPT_MAX_DIMS] = {0};
+            origin[axis] = runs[k].logical_start;
+            char place[200], copy_value[64], read_value[64];
+            ckpt_element_place(count, origin, g->ndim, e, place, sizeof place);
+            ckpt_element_text(a + e * (int64_t)elem, t->dtype, copy_value, sizeof copy_value);
+            ckpt_element_text(b + e * (int64_t)elem, t->dtype, read_value, sizeof read_value);
+            status = tp_fail(TP_ERR_FORMAT,
+                             "tensor %s: rows %lld..%lld of axis %d are replicated over the tensor-parallel ranks "
+                             "(replicate_small_segments) and their copies differ: element [%s] is %s in %s "
+                             "(tensor-parallel rank %d's replica), %s in %s (rank %d's, the primary copy read)",
+                             t->name, (long long)runs[k].logical_start,
+                             (long long)(runs[k].logical_start + runs[k].length - 1), axis, place, copy_value,
+                             copy.file_path, piece, read_value, read.file_path, primary.rank);
+        }
+        free(a);
+        free(b);
+    }
+    return status;
+}
+
 /* --------------------------------------------------- foreign checkpoints */
 
 static int read_for_check(void *ctx, int f, void *buf, int64_t n, int64_t offset)

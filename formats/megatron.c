@@ -1289,17 +1289,6 @@ static int compare_copies(void *ctx, int64_t g, int thread)
     return status;
 }
 
-/* An element's value and bits: "5 (0x40a0)". */
-static void format_element(const unsigned char *at, tp_dtype dtype, char *out, size_t size)
-{
-    float value = 0;
-    uint32_t bits = 0;
-    size_t n = tp_dtype_size(dtype);
-    convert_numbers(at, dtype, &value, TP_FP32, 1);
-    for (size_t b = 0; b < n; b++) bits |= (uint32_t)at[b] << (8 * b); /* little-endian, as torch.save writes */
-    snprintf(out, size, "%.9g (0x%0*x)", (double)value, (int)(2 * n), bits);
-}
-
 /* What a copy that differs holds: the tensor, both files, the element at
  * its place in the piece, both values. */
 static void describe_difference(const megatron_checkpoint *m, const replica_check *c, char *out, size_t size)
@@ -1317,18 +1306,12 @@ static void describe_difference(const megatron_checkpoint *m, const replica_chec
                  rank, (long long)c->read.size, read_file);
         return;
     }
-    int64_t shape[CKPT_MAX_DIMS], rest = c->element;
+    int64_t shape[CKPT_MAX_DIMS];
     ckpt_piece_shape(d, m->config.tp, shape);
-    char place[200] = "", copy_value[64], read_value[64];
-    for (int x = d->ndim - 1; x >= 0; x--) { /* the element's coordinates in the piece */
-        int64_t coordinate = x > 0 && shape[x] > 0 ? rest % shape[x] : rest;
-        rest = x > 0 && shape[x] > 0 ? rest / shape[x] : 0;
-        char part[200];
-        snprintf(part, sizeof part, "%lld%s%.160s", (long long)coordinate, place[0] ? ", " : "", place);
-        snprintf(place, sizeof place, "%s", part);
-    }
-    format_element(c->copy_bits, d->dtype, copy_value, sizeof copy_value);
-    format_element(c->read_bits, d->dtype, read_value, sizeof read_value);
+    char place[200], copy_value[64], read_value[64];
+    ckpt_element_place(shape, NULL, d->ndim, c->element, place, sizeof place); /* in the piece */
+    ckpt_element_text(c->copy_bits, d->dtype, copy_value, sizeof copy_value);
+    ckpt_element_text(c->read_bits, d->dtype, read_value, sizeof read_value);
     char piece[48] = "";
     if (c->head) snprintf(piece, sizeof piece, " of tensor-parallel piece %d", c->piece);
     snprintf(out, size, "%s: element [%s]%s is %s in %s (%s), %s in %s (%s)", what, place, piece, copy_value, copy_file, rank,
@@ -1408,22 +1391,28 @@ int megatron_check_replicas(const megatron_checkpoint *m, int threads, megatron_
     return status;
 }
 
+int megatron_replicas_refusal(const char *path, const megatron_replica_result *replicas)
+{
+    if (!replicas->copies_differ) return TP_OK;
+    char more[96] = "";
+    if (replicas->copies_differ > 1)
+        snprintf(more, sizeof more, " (%d copies of %d tensors differ)", replicas->copies_differ, replicas->tensors_differ);
+    return tp_fail(TP_ERR_FORMAT, "%s: %s%s", path, replicas->first_difference, more);
+}
+
+int megatron_refuse_differing_copies(const megatron_checkpoint *m, int threads)
+{
+    megatron_replica_result replicas;
+    TP_TRY(megatron_check_replicas(m, threads, &replicas));
+    return megatron_replicas_refusal(m->path, &replicas);
+}
+
 int megatron_reader_open(const megatron_checkpoint *m, int compute_digests, ckpt_reader **out)
 {
     *out = NULL;
     /* Digests prove an output equal to the copy read: where another copy
      * differs, the checkpoint holds two values and neither is proven. */
-    if (compute_digests) {
-        megatron_replica_result replicas;
-        TP_TRY(megatron_check_replicas(m, 1, &replicas));
-        if (replicas.copies_differ) {
-            char more[96] = "";
-            if (replicas.copies_differ > 1)
-                snprintf(more, sizeof more, " (%d copies of %d tensors differ)", replicas.copies_differ,
-                         replicas.tensors_differ);
-            return tp_fail(TP_ERR_FORMAT, "%s: %s%s", m->path, replicas.first_difference, more);
-        }
-    }
+    if (compute_digests) TP_TRY(megatron_refuse_differing_copies(m, 1));
     const megatron_config *c = &m->config;
     /* The rank files, then their distrib_optim.pt where read. */
     int ranks = c->tp * c->pp, files = m->distrib_optim ? 2 * ranks : ranks;

@@ -148,6 +148,16 @@ typedef struct {
  * returned; a failure to read is. A NaN differs from a number, and from
  * another NaN of other bits. */
 int megatron_check_replicas(const megatron_checkpoint *checkpoint, int threads, megatron_replica_result *result);
+/* TP_OK where no copy differs; else TP_ERR_FORMAT saying path and result's
+ * first difference (the tensor, both files, the element, both values) and
+ * how many differ. One message for every reader that refuses copies that
+ * differ (the legacy and torch_dist ones). */
+int megatron_replicas_refusal(const char *path, const megatron_replica_result *result);
+/* megatron_check_replicas, copies that differ refused (megatron_replicas_refusal):
+ * what a tool whose output takes the copies read asks first (export,
+ * import, a reader computing digests), since its output would hold one of
+ * two values without a word. */
+int megatron_refuse_differing_copies(const megatron_checkpoint *checkpoint, int threads);
 
 /* What megatron_verify found. */
 typedef struct {
@@ -343,6 +353,21 @@ int megatron_dist_check_common(const megatron_dist *checkpoint, torch_archive_ch
  * every chunk's item located (threads at once; 0: all cores); digests
  * computed with compute_digests. */
 int megatron_dist_reader_open(const megatron_dist *checkpoint, int compute_digests, int threads, ckpt_reader **out);
+/* The distributed optimizer's dp_reshardable buckets hold a parameter's
+ * state once per buffer that holds the parameter: a replicated parameter's
+ * (the norms, the biases of row-parallel layers) on every tensor-parallel
+ * rank, the tied word embeddings' on the first and the last stage; the
+ * reader takes tensor-parallel rank 0's, the first stage's. Compares, bit
+ * for bit, every other copy with that one (threads: locating the chunks),
+ * as megatron_check_replicas does a legacy checkpoint's: copies that differ
+ * are damage counted in result (the first described: the state, the
+ * element in the piece, both values, files and bucket keys), not returned;
+ * a failure to read is. Nothing to compare (another layout, tp 1 without
+ * tied copies) is TP_OK with result zero. */
+int megatron_dist_check_replicas(const megatron_dist *checkpoint, int threads, megatron_replica_result *result);
+/* megatron_dist_check_replicas, copies that differ refused (megatron_replicas_refusal):
+ * what a reader computing digests and a tool whose output takes the copies read ask first. */
+int megatron_dist_refuse_differing_copies(const megatron_dist *checkpoint, int threads);
 
 /* ------------------------------------ Megatron-Core torch_dist written */
 

@@ -50,6 +50,15 @@ typedef struct {
     int64_t start;
 } bucket_piece;
 
+/* A copy of a parameter's state in a dp_reshardable bucket: role r (0 the
+ * main copy, 1 exp_avg, 2 exp_avg_sq) of its tensor-parallel piece `piece`
+ * (0 for a replicated parameter), held by tp_rank's buffer; head: the
+ * last stage's copy of the tied word embeddings. */
+typedef struct bucket_copy {
+    int param, role, piece, head, tp_rank, entry;
+    int64_t start;
+} bucket_copy;
+
 /* One tensor of the reader: a canonical name, and where it comes from: a
  * DCP entry, one layer of it when stacked. */
 typedef struct {
@@ -82,6 +91,12 @@ struct megatron_dist {
      * to check against the weights (check_main_copies). */
     bucket_piece *main_copies;
     int num_params;
+    /* dp_reshardable: every bucket copy of a parameter's state stored more
+     * than once (a replicated parameter's on each tensor-parallel rank, the
+     * tied embeddings' on the first and the last stage), compared by
+     * megatron_dist_check_replicas. */
+    struct bucket_copy *copies;
+    int num_copies, copies_capacity;
     char optimizer_refusal[1024];
     const char *optimizer_layout; /* the optimizer's layout read (a static string), or NULL */
     char recorded_layout[64];  /* the distributed optimizer's layout as the common state records it, or "" */
@@ -240,6 +255,7 @@ void megatron_dist_close(megatron_dist *m)
     free(m->tensors.items);
     free(m->pieces);
     free(m->main_copies);
+    free(m->copies);
     store_hold_release(m->hold);
     free(m);
 }
@@ -599,6 +615,18 @@ static int read_buffer(megatron_dist *m, dist_tensors *list, int tp_rank, int wo
     }
     if (!status) status = megatron_buffer_layout(layout, num_params, bucket_numel, num_buckets, where);
     for (int k = 0; !status && k < num_params; k++) {
+        /* The states stored more than once: each tensor-parallel rank's of a
+         * replicated parameter, each stage's of the tied embeddings. */
+        int index = params[k] == MEGATRON_HEAD_COPY ? word : params[k];
+        int replicated = ckpt_piece_count(&list->items[index].desc, c->tp) == 1;
+        if ((c->tp > 1 && replicated) || layout[k].shared)
+            for (int r = 0; r < 3 && !status; r++) {
+                if (entry_of[layout[k].bucket][r] < 0) continue;
+                status = array_reserve((void **)&m->copies, &m->copies_capacity, m->num_copies + 1, sizeof *m->copies);
+                if (!status)
+                    m->copies[m->num_copies++] = (bucket_copy){index, r, replicated ? 0 : tp_rank, params[k] == MEGATRON_HEAD_COPY,
+                                                               tp_rank, entry_of[layout[k].bucket][r], layout[k].start};
+            }
         if (params[k] == MEGATRON_HEAD_COPY) continue; /* the embeddings' state again: its place is checked */
         if (tp_rank == 0 && entry_of[layout[k].bucket][0] >= 0)
             m->main_copies[params[k]] = (bucket_piece){.tensor = params[k], .entry = entry_of[layout[k].bucket][0],
@@ -654,6 +682,7 @@ static int collect_buckets(megatron_dist *m, dist_tensors *list, bucket_key *key
     for (int k = 0; !status && k < num_params; k++) by_name[k] = (named){list->items[k].name, k};
     for (int k = 0; !status && k < num_params * 3; k++) state_of[k] = -1;
     free(m->main_copies);
+    m->num_copies = 0;
     m->num_params = num_params;
     m->main_copies = status ? NULL : calloc((size_t)num_params + 1, sizeof *m->main_copies);
     if (!status && !m->main_copies) status = tp_fail(TP_ERR_NOMEM, "out of memory");
@@ -1028,13 +1057,16 @@ static int boxes_from_buckets(const megatron_dist *m, const dist_tensor *dt, con
     return TP_OK;
 }
 
-/* Reads elements [start, start + n) of a 1-D fp32 bucket entry from the
- * chunks that hold them (one read a chunk). */
+/* Reads elements [start, start + n) of a 1-D bucket entry (of its dtype)
+ * from the chunks that hold them (one read a chunk); *file_of_first (may be
+ * NULL) the data file of element start. */
 static int read_bucket_elements(const megatron_dist *m, const chunk_places *at, int entry, int64_t start, int64_t n,
-                                float *out)
+                                void *buffer, int *file_of_first)
 {
     const dcp_entry *e = dcp_entry_at(m->dcp, entry);
     const int64_t *sorted = at->sorted + e->chunk_index;
+    const int64_t elem = (int64_t)torch_dtype_size(e->dtype);
+    unsigned char *out = buffer;
     for (int64_t i = 0; i < n;) {
         int64_t x = start + i;
         int lo = 0, hi = e->num_chunks;
@@ -1049,11 +1081,12 @@ static int read_bucket_elements(const megatron_dist *m, const chunk_places *at, 
             return tp_fail(TP_ERR_FORMAT, "%s: %s: no chunk holds element %lld", m->path, e->key, (long long)x);
         int64_t take = ch->offsets[0] + ch->sizes[0] - x;
         if (take > n - i) take = n - i;
+        if (!i && file_of_first) *file_of_first = ch->file;
         const store_ops *store;
         store_file *file;
         TP_TRY(dcp_open_item_file(m->dcp, ch, &store, &file));
-        int status = store->read_at(file, &out[i], (size_t)take * sizeof *out,
-                                    at->data_offset[at->located_at[sorted[lo]]] + (x - ch->offsets[0]) * (int64_t)sizeof *out);
+        int status = store->read_at(file, out + i * elem, (size_t)(take * elem),
+                                    at->data_offset[at->located_at[sorted[lo]]] + (x - ch->offsets[0]) * elem);
         dcp_close_item_file(m->dcp, ch, store, file);
         TP_TRY(status);
         i += take;
@@ -1095,7 +1128,7 @@ static int check_main_copies(const megatron_dist *m, const chunk_places *at, ckp
         float main[8];
         unsigned char weight[8 * sizeof(float)], rounded[8 * sizeof(float)];
         TP_TRY(ckpt_reader_read_region(reader, p, start, count, weight, sizeof weight));
-        TP_TRY(read_bucket_elements(m, at, copy->entry, copy->start, n, main));
+        TP_TRY(read_bucket_elements(m, at, copy->entry, copy->start, n, main, NULL));
         /* convert_numbers, not convert_from_f32: its target clones do not link under clang's sanitizers */
         convert_numbers(main, TP_FP32, rounded, t->dtype, n);
         if (memcmp(weight, rounded, (size_t)n * tp_dtype_size(t->dtype))) {
@@ -1125,41 +1158,50 @@ static int compare_chunk_order(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int threads, ckpt_reader **out)
+/* Where the chunks of the entries marked in used lie (1: read by boxes;
+ * 2: a bucket, its chunks also sorted by offset for read_bucket_elements),
+ * each located once (dcp_locate), with the CRC-32s to check as they are read. */
+typedef struct {
+    int64_t *chunk, *data_offset, *located_at, *sorted; /* located_at: by chunk, its place in chunk[], or -1 */
+    int *chunk_entry;
+    int64_t located;
+    ckpt_foreign_check *checks;
+    int num_checks;
+} chunk_locations;
+
+static void chunk_locations_free(chunk_locations *l)
 {
-    *out = NULL;
+    free(l->chunk);
+    free(l->data_offset);
+    free(l->located_at);
+    free(l->sorted);
+    free(l->chunk_entry);
+    free(l->checks);
+    memset(l, 0, sizeof *l);
+}
+
+static int locate_chunks(const megatron_dist *m, const char *used, int threads, chunk_locations *l)
+{
     const dcp_checkpoint *dcp = m->dcp;
-    const megatron_config *c = &m->config;
-    const dist_tensors *tensors = &m->tensors;
-    int status = TP_OK;
-    /* Locate every chunk of the entries read, each once. */
     int64_t total = 0;
     for (int i = 0; i < dcp_num_entries(dcp); i++) total += dcp_entry_at(dcp, i)->num_chunks;
-    int64_t *chunk = calloc((size_t)total + 1, sizeof *chunk), *data_offset = calloc((size_t)total + 1, sizeof *data_offset);
-    int64_t *located_at = calloc((size_t)total + 1, sizeof *located_at); /* by chunk: its place in chunk[], or -1 */
-    int64_t *sorted = calloc((size_t)total + 1, sizeof *sorted);
-    int *chunk_entry = calloc((size_t)total + 1, sizeof *chunk_entry);
-    char *used = calloc((size_t)dcp_num_entries(dcp) + 1, 1); /* 1: read; 2: a bucket, its chunks sorted */
-    int64_t located = 0;
-    if (!status && (!chunk || !data_offset || !located_at || !sorted || !chunk_entry || !used))
-        status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int64_t k = 0; !status && k < total; k++) located_at[k] = -1;
-    for (int t = 0; !status && t < tensors->count; t++) {
-        const dist_tensor *dt = &tensors->items[t];
-        if (dt->source != FROM_BUCKETS) used[dt->entry] = 1;
-        for (int i = 0; dt->source == FROM_BUCKETS && i < dt->num_pieces; i++) used[m->pieces[dt->first_piece + i].entry] = 2;
-    }
-    for (int p = 0; !status && p < m->num_params; p++) /* the main copies checked (fp32 parameters' too) */
-        if (m->main_copies[p].entry >= 0) used[m->main_copies[p].entry] = 2;
+    l->chunk = calloc((size_t)total + 1, sizeof *l->chunk);
+    l->data_offset = calloc((size_t)total + 1, sizeof *l->data_offset);
+    l->located_at = calloc((size_t)total + 1, sizeof *l->located_at);
+    l->sorted = calloc((size_t)total + 1, sizeof *l->sorted);
+    l->chunk_entry = calloc((size_t)total + 1, sizeof *l->chunk_entry);
+    int status = l->chunk && l->data_offset && l->located_at && l->sorted && l->chunk_entry
+                     ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int64_t k = 0; !status && k < total; k++) l->located_at[k] = -1;
     for (int i = 0; !status && i < dcp_num_entries(dcp); i++) {
         const dcp_entry *e = dcp_entry_at(dcp, i);
         for (int k = 0; used[i] && k < e->num_chunks; k++) {
             int64_t n = 1;
             for (int d = 0; d < e->ndim; d++) n *= e->chunks[k].sizes[d];
             if (!n) continue;
-            located_at[e->chunk_index + k] = located;
-            chunk[located] = e->chunk_index + k;
-            chunk_entry[located++] = i;
+            l->located_at[e->chunk_index + k] = l->located;
+            l->chunk[l->located] = e->chunk_index + k;
+            l->chunk_entry[l->located++] = i;
         }
         if (used[i] == 2 && e->num_chunks) {
             chunk_order *order = malloc((size_t)e->num_chunks * sizeof *order);
@@ -1169,20 +1211,164 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
             }
             for (int k = 0; k < e->num_chunks; k++) order[k] = (chunk_order){e->chunks[k].offsets[0], e->chunk_index + k};
             qsort(order, (size_t)e->num_chunks, sizeof *order, compare_chunk_order);
-            for (int k = 0; k < e->num_chunks; k++) sorted[e->chunk_index + k] = order[k].chunk;
+            for (int k = 0; k < e->num_chunks; k++) l->sorted[e->chunk_index + k] = order[k].chunk;
             free(order);
         }
     }
-    ckpt_foreign_check *checks = status ? NULL : calloc((size_t)located + 1, sizeof *checks);
-    if (!status && !checks) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (!status) status = dcp_locate(dcp, located, chunk, chunk_entry, threads, data_offset, checks);
-    int num_checks = status ? 0 : dcp_compact_checks(checks, located);
+    l->checks = status ? NULL : calloc((size_t)l->located + 1, sizeof *l->checks);
+    if (!status && !l->checks) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status) status = dcp_locate(dcp, l->located, l->chunk, l->chunk_entry, threads, l->data_offset, l->checks);
+    l->num_checks = status ? 0 : dcp_compact_checks(l->checks, l->located);
+    if (status) chunk_locations_free(l);
+    return status;
+}
+
+static int compare_copies(const void *a, const void *b)
+{
+    const bucket_copy *x = a, *y = b;
+    int kx[5] = {x->param, x->role, x->piece, x->head, x->tp_rank}, ky[5] = {y->param, y->role, y->piece, y->head, y->tp_rank};
+    for (int i = 0; i < 5; i++)
+        if (kx[i] != ky[i]) return kx[i] < ky[i] ? -1 : 1;
+    return 0;
+}
+
+static const char *const copy_roles[3] = {"master", "exp_avg", "exp_avg_sq"};
+
+/* What a copy that differs holds (as megatron.c's describe_difference says
+ * a legacy checkpoint's): the state, the element at its place in the piece,
+ * both values and bits, both data files and bucket keys. */
+static void describe_bucket_difference(const megatron_dist *m, const bucket_copy *copy, const bucket_copy *read,
+                                       int copy_file, int read_file, int64_t element, const unsigned char *copy_bits,
+                                       const unsigned char *read_bits, tp_dtype dtype, char *out, size_t size)
+{
+    const ckpt_tensor_desc *d = &m->tensors.items[copy->param].desc;
+    char copy_path[CKPT_PATH_MAX + 64], read_path[CKPT_PATH_MAX + 64], place[200], copy_value[64], read_value[64];
+    dcp_file_path(m->dcp, copy_file, copy_path, sizeof copy_path);
+    dcp_file_path(m->dcp, read_file, read_path, sizeof read_path);
+    int64_t shape[CKPT_MAX_DIMS];
+    ckpt_piece_shape(d, m->config.tp, shape);
+    ckpt_element_place(shape, NULL, d->ndim, element, place, sizeof place); /* in the piece */
+    ckpt_element_text(copy_bits, dtype, copy_value, sizeof copy_value);
+    ckpt_element_text(read_bits, dtype, read_value, sizeof read_value);
+    char piece[48] = "", rank[48];
+    if (copy->head) snprintf(piece, sizeof piece, " of tensor-parallel piece %d", copy->piece);
+    snprintf(rank, sizeof rank, copy->head ? "the copy" : "tensor-parallel rank %d's copy", copy->tp_rank);
+    snprintf(out, size, "optim/%s/%.120s's %s in the distributed optimizer's buckets: element [%.100s]%s is %s in %.200s "
+             "(%.160s, %s), %s in %.200s (%.160s, %s)", copy_roles[copy->role], m->tensors.items[copy->param].name,
+             copy->head ? "copy for the tied output layer differs from the first stage's"
+                        : "copies differ over the tensor-parallel ranks (the parameter is replicated)",
+             place, piece, copy_value, copy_path, dcp_entry_at(m->dcp, copy->entry)->key, rank, read_value, read_path,
+             dcp_entry_at(m->dcp, read->entry)->key, read->head || copy->head ? "the one read" : "rank 0's, the one read");
+}
+
+int megatron_dist_check_replicas(const megatron_dist *m, int threads, megatron_replica_result *result)
+{
+    memset(result, 0, sizeof *result);
+    if (m->num_copies < 2) return TP_OK;
+    bucket_copy *copies = malloc((size_t)m->num_copies * sizeof *copies);
+    char *used = calloc((size_t)dcp_num_entries(m->dcp) + 1, 1), *seen = calloc((size_t)m->tensors.count + 1, 1);
+    int status = copies && used && seen ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status) {
+        memcpy(copies, m->copies, (size_t)m->num_copies * sizeof *copies);
+        /* Each group of copies of one state of one piece together, the one read first (the first stage's, rank 0's). */
+        qsort(copies, (size_t)m->num_copies, sizeof *copies, compare_copies);
+        for (int k = 0; k < m->num_copies; k++) used[copies[k].entry] = 2;
+    }
+    chunk_locations where = {0};
+    if (!status) status = locate_chunks(m, used, threads, &where);
+    chunk_places at = {.located_at = where.located_at, .data_offset = where.data_offset, .sorted = where.sorted};
+    enum { BLOCK = 1 << 16 }; /* elements compared at a time */
+    unsigned char *a = status ? NULL : malloc((size_t)BLOCK * 8), *b = status ? NULL : malloc((size_t)BLOCK * 8);
+    if (!status && (!a || !b)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int first = 0, next; !status && first < m->num_copies; first = next) {
+        const bucket_copy *read = &copies[first];
+        for (next = first + 1; next < m->num_copies && copies[next].param == read->param && copies[next].role == read->role &&
+                               copies[next].piece == read->piece; next++) {}
+        if (next - first < 2) continue;
+        const ckpt_tensor_desc *d = &m->tensors.items[read->param].desc;
+        int64_t shape[CKPT_MAX_DIMS], numel = 1;
+        ckpt_piece_shape(d, m->config.tp, shape);
+        for (int x = 0; x < d->ndim; x++) numel *= shape[x];
+        torch_dtype dtype = dcp_entry_at(m->dcp, read->entry)->dtype;
+        size_t elem = torch_dtype_size(dtype);
+        tp_dtype tp_type = TP_FP32;
+        torch_dtype_to_tp(dtype, &tp_type);
+        result->bytes += numel * (int64_t)elem;
+        for (int k = first + 1; k < next && !status; k++) {
+            const bucket_copy *copy = &copies[k];
+            if (dcp_entry_at(m->dcp, copy->entry)->dtype != dtype)
+                status = tp_fail(TP_ERR_FORMAT, "%s: %s is %s, %s %s", m->path, dcp_entry_at(m->dcp, copy->entry)->key,
+                                 torch_dtype_name(dcp_entry_at(m->dcp, copy->entry)->dtype),
+                                 dcp_entry_at(m->dcp, read->entry)->key, torch_dtype_name(dtype));
+            result->copies++;
+            result->bytes += numel * (int64_t)elem;
+            result->tensors += !(seen[read->param] & 1);
+            seen[read->param] |= 1;
+            for (int64_t at0 = 0; !status && at0 < numel; at0 += BLOCK) {
+                int64_t n = numel - at0 < BLOCK ? numel - at0 : BLOCK;
+                int copy_file = 0, read_file = 0;
+                status = read_bucket_elements(m, &at, read->entry, read->start + at0, n, a, &read_file);
+                if (!status) status = read_bucket_elements(m, &at, copy->entry, copy->start + at0, n, b, &copy_file);
+                if (status || !memcmp(a, b, (size_t)n * elem)) continue;
+                int64_t e = 0; /* the first element whose bits differ, and the files that hold it */
+                while (!memcmp(a + e * (int64_t)elem, b + e * (int64_t)elem, elem)) e++;
+                status = read_bucket_elements(m, &at, read->entry, read->start + at0 + e, 1, a, &read_file);
+                if (!status) status = read_bucket_elements(m, &at, copy->entry, copy->start + at0 + e, 1, b, &copy_file);
+                if (!status && !result->copies_differ)
+                    describe_bucket_difference(m, copy, read, copy_file, read_file, at0 + e, b, a, tp_type,
+                                               result->first_difference, sizeof result->first_difference);
+                result->copies_differ++;
+                result->tensors_differ += !(seen[read->param] & 2);
+                seen[read->param] |= 2;
+                break;
+            }
+        }
+    }
+    free(a);
+    free(b);
+    chunk_locations_free(&where);
+    free(copies);
+    free(used);
+    free(seen);
+    return status;
+}
+
+int megatron_dist_refuse_differing_copies(const megatron_dist *m, int threads)
+{
+    megatron_replica_result replicas;
+    TP_TRY(megatron_dist_check_replicas(m, threads, &replicas));
+    return megatron_replicas_refusal(m->path, &replicas);
+}
+
+int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int threads, ckpt_reader **out)
+{
+    *out = NULL;
+    const dcp_checkpoint *dcp = m->dcp;
+    const megatron_config *c = &m->config;
+    const dist_tensors *tensors = &m->tensors;
+    /* Digests prove an output equal to the copy read: where another copy
+     * differs, the checkpoint holds two values and neither is proven. */
+    if (compute_digests) TP_TRY(megatron_dist_refuse_differing_copies(m, threads));
+    /* Locate every chunk of the entries read, each once. */
+    char *used = calloc((size_t)dcp_num_entries(dcp) + 1, 1); /* 1: read; 2: a bucket, its chunks sorted */
+    int status = used ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int t = 0; !status && t < tensors->count; t++) {
+        const dist_tensor *dt = &tensors->items[t];
+        if (dt->source != FROM_BUCKETS) used[dt->entry] = 1;
+        for (int i = 0; dt->source == FROM_BUCKETS && i < dt->num_pieces; i++) used[m->pieces[dt->first_piece + i].entry] = 2;
+    }
+    for (int p = 0; !status && p < m->num_params; p++) /* the main copies checked (fp32 parameters' too) */
+        if (m->main_copies[p].entry >= 0) used[m->main_copies[p].entry] = 2;
+    chunk_locations where = {0};
+    if (!status) status = locate_chunks(m, used, threads, &where);
+    ckpt_foreign_check *checks = where.checks;
+    int num_checks = where.num_checks;
     /* The boxes of each tensor. */
     box_list boxes = {0};
     int64_t *box_first = status ? NULL : calloc((size_t)tensors->count + 1, sizeof *box_first);
     ckpt_tensor_desc *descs = status ? NULL : calloc((size_t)tensors->count + 1, sizeof *descs);
     if (!status && (!box_first || !descs)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    chunk_places at = {.located_at = located_at, .data_offset = data_offset, .sorted = sorted};
+    chunk_places at = {.located_at = where.located_at, .data_offset = where.data_offset, .sorted = where.sorted};
     for (int t = 0; !status && t < tensors->count; t++) {
         const dist_tensor *dt = &tensors->items[t];
         descs[t] = dt->desc;
@@ -1241,12 +1427,7 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
     free(boxes.items);
     free(box_first);
     free(descs);
-    free(chunk);
-    free(data_offset);
-    free(checks);
-    free(located_at);
-    free(sorted);
-    free(chunk_entry);
+    chunk_locations_free(&where);
     free(used);
     return status;
 }

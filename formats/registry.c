@@ -29,12 +29,16 @@ static int open_megatron(const char *path, const formats_source_options *o, form
 {
     TP_TRY(megatron_open(path, &s->megatron));
     if (o->true_vocab) TP_TRY(megatron_set_true_vocab(s->megatron, o->true_vocab));
+    /* compute_digests compares them itself (megatron_reader_open). */
+    if (o->compare_copies && !o->compute_digests) TP_TRY(megatron_refuse_differing_copies(s->megatron, o->threads));
     return megatron_reader_open(s->megatron, o->compute_digests, &s->reader);
 }
 
 static int open_megatron_dist(const char *path, const formats_source_options *o, formats_source *s)
 {
     TP_TRY(megatron_dist_open(path, &s->dist));
+    /* compute_digests compares them itself (megatron_dist_reader_open). */
+    if (o->compare_copies && !o->compute_digests) TP_TRY(megatron_dist_refuse_differing_copies(s->dist, o->threads));
     return megatron_dist_reader_open(s->dist, o->compute_digests, o->threads, &s->reader);
 }
 

@@ -32,6 +32,10 @@ typedef struct {
     const ckpt_read_options *read; /* this toolkit's format (NULL: ckpt_read_options_init's) */
     int compute_digests;           /* another tool's: its tensors' logical digests computed (one read of
                                       everything; for --verify), where it records none of ours */
+    int compare_copies;            /* another tool's: every copy of a tensor stored more than once (Megatron's
+                                      replicated tensors and their optimizer state) compared with the one read,
+                                      copies that differ refused (TP_ERR_FORMAT), as compute_digests does: for a
+                                      tool whose output takes the copies read (export, import) */
     int threads;                   /* opening another tool's (0: all cores) */
     int64_t true_vocab;            /* a Megatron-LM legacy source's true vocabulary size (0: not given) */
 } formats_source_options;

@@ -582,6 +582,11 @@ static int verify_dcp(const char *path, const checkpoint_format *format, int thr
     ckpt_verify_options verify = {threads, NULL, NULL};
     ckpt_verify_result result = {0};
     if (!status) status = ckpt_verify(r, &verify, &result);
+    /* The distributed optimizer's bucket copies of a state stored more than
+     * once (dp_reshardable), compared with the one read, as a legacy
+     * checkpoint's copies are. */
+    megatron_replica_result replicas = {0};
+    if (!status && m) status = megatron_dist_check_replicas(m, threads, &replicas);
     double seconds = progress_finish(&bar);
     int bad = 0;
     if (status) bad = fail("%s", tp_errmsg());
@@ -595,6 +600,13 @@ static int verify_dcp(const char *path, const checkpoint_format *format, int thr
                 "first: %s\n", dcp_path(d), result.damaged, ckpt_reader_num_tensors(r), result.damage[0].message);
         bad = 1;
     }
+    /* Said where every item matches its CRC-32s: a damaged item explains its own. */
+    if (!status && !items.damaged && replicas.copies_differ) {
+        fprintf(stderr, "tp-ckpt: error: %s: %d of %d tensors stored more than once differ between their copies (%d of %d "
+                "copies), the first: %s\n", dcp_path(d), replicas.tensors_differ, replicas.tensors, replicas.copies_differ,
+                replicas.copies, replicas.first_difference);
+        bad = 1;
+    }
     if (!status && !bad && items.unchecked + common.unchecked)
         printf("note: %d items or zip entries record no CRC-32 (raw bytes entries, or torch.save with "
                "set_crc32_options(False)): read, not checked\n", items.unchecked + common.unchecked);
@@ -605,13 +617,17 @@ static int verify_dcp(const char *path, const checkpoint_format *format, int thr
     }
     char size[32];
     format_bytes((double)items.item_bytes, size, sizeof size);
+    char copies[200] = "";
+    if (replicas.copies)
+        snprintf(copies, sizeof copies, "; every other copy (%d) of the %d states the distributed optimizer's buckets "
+                 "store more than once equals the copy read", replicas.copies, replicas.tensors);
     if (!bad)
-        printf("ok: %s: %d items, %d zip entries (%s) match their CRC-32s%s%s%s; %d tensors read%s, in %.2f s\n",
+        printf("ok: %s: %d items, %d zip entries (%s) match their CRC-32s%s%s%s; %d tensors read%s, in %.2f s%s\n",
                dcp_path(d), items.items, items.entries - items.unchecked, size, m ? ", and the common state's (" : "",
                m ? megatron_dist_common_source(m) : "", m ? ")" : "", ckpt_reader_num_tensors(r),
                dcp_has_description(d) ? ", each equal to the logical digest the description records"
                : m                    ? " under their canonical names (Megatron-Core torch_dist)"
-                                      : " (the checkpoint records no digests of ours)", seconds);
+                                      : " (the checkpoint records no digests of ours)", seconds, copies);
     ckpt_verify_result_free(&result);
     formats_source_close(source);
     return bad ? 1 : 0;
@@ -779,16 +795,18 @@ static int worse_first(const void *x, const void *y)
 static int replicas_differ(formats_source *source, const char *side, int threads)
 {
     megatron_checkpoint *m = formats_source_megatron(source);
-    if (!m) return 0;
+    const megatron_dist *dist = formats_source_megatron_dist(source);
+    if (!m && !dist) return 0;
+    const char *path = m ? megatron_path(m) : megatron_dist_path(dist);
     megatron_replica_result r;
-    if (megatron_check_replicas(m, threads, &r)) {
+    if (m ? megatron_check_replicas(m, threads, &r) : megatron_dist_check_replicas(dist, threads, &r)) {
         fprintf(stderr, "tp-ckpt: error: %s (%s): the copies of tensors stored more than once not compared: %s\n", side,
-                megatron_path(m), tp_errmsg());
+                path, tp_errmsg());
         return 2;
     }
     if (r.copies_differ)
         fprintf(stderr, "tp-ckpt: error: %s (%s): %d of %d tensors stored more than once differ between their copies (%d of "
-                "%d copies; the copies read are compared), the first: %s\n", side, megatron_path(m), r.tensors_differ,
+                "%d copies; the copies read are compared), the first: %s\n", side, path, r.tensors_differ,
                 r.tensors, r.copies_differ, r.copies, r.first_difference);
     return r.copies_differ ? 1 : 0;
 }
@@ -1122,7 +1140,11 @@ static int cmd_export(int argc, char **argv)
     ckpt_read_options read;
     ckpt_read_options_init(&read);
     read.verify = 1;
-    formats_source_options source_options = {.read = &read, .true_vocab = true_vocab, .threads = options.threads};
+    /* The export takes one copy of each tensor stored more than once (a
+     * Megatron checkpoint's replicated tensors): the others are compared
+     * with it first, since an output of one of two values proves nothing. */
+    formats_source_options source_options = {
+        .read = &read, .compare_copies = 1, .true_vocab = true_vocab, .threads = options.threads};
     formats_source *source = NULL;
     if (formats_source_open(argv[optind], source_format, &source_options, &source)) return fail("%s", tp_errmsg());
     if ((code = cli_output_apart("tp-ckpt", argv[optind], out))) {
@@ -1229,7 +1251,8 @@ static int import_megatron(const char *dir, const checkpoint_format *format, con
                            int64_t true_vocab, import_options *options, int force_progress)
 {
     formats_source *source = NULL;
-    formats_source_options source_options = {.true_vocab = true_vocab, .threads = options->threads};
+    /* Every copy of a tensor stored more than once compared with the one imported (as export's). */
+    formats_source_options source_options = {.compare_copies = 1, .true_vocab = true_vocab, .threads = options->threads};
     gpt_megatron_import *job = NULL;
     int code = 0;
     if (formats_source_open(dir, format, &source_options, &source) ||

@@ -409,6 +409,63 @@ Test(io, nonzero_padding_is_found)
     ckpt_reader_close(r);
 }
 
+/* Format 1.4's replicated segments: 4 query heads and 1 key/value head of
+ * 2 rows over tp 4 (qkv [12, 3], segments [8, 2, 2], granule 2): every rank
+ * holds the key and value head, rank 0's the primary copy. A replica that
+ * differs, written with its checksums (a writer's bug on one rank), is
+ * damage verify names: tensor, both ranks and files, element, both values. */
+Test(io, replicated_granules_are_compared)
+{
+    ckpt_layout layout = {4, 1, 1, 0, 1};
+    ckpt_tensor_desc t = {.name = "model/layers.0.attn.qkv.weight", .dtype = TP_FP32, .ndim = 2, .shape = {12, 3},
+                          .anchor = CKPT_ANCHOR_FIRST};
+    t.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {8, 2, 2}, 2, 0, 1};
+    float logical[36];
+    for (int i = 0; i < 36; i++) logical[i] = (float)i / 4;
+    for (int k = 0; k < 2; k++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/ck%d", dir, k);
+        ckpt_writer *w;
+        int id;
+        cr_assert_eq(ckpt_writer_create(&w, path, &layout, NULL), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), TP_OK, "%s", tp_errmsg());
+        for (int p = 0; p < 4; p++) {
+            float piece[6 * 3]; /* [q head p (2 rows); the key head; the value head] x 3 */
+            const int rows[6] = {2 * p, 2 * p + 1, 8, 9, 10, 11};
+            for (int i = 0; i < 6; i++) memcpy(&piece[i * 3], &logical[rows[i] * 3], 3 * sizeof *piece);
+            if (k == 1 && p == 2) piece[3 * 3 + 1] = 5; /* the key head's row 1 (logical row 9), column 1 */
+            cr_assert_eq(ckpt_writer_put_piece(w, id, p, piece), TP_OK, "%s", tp_errmsg());
+        }
+        cr_assert_eq(ckpt_writer_commit(w, NULL), TP_OK, "%s", tp_errmsg());
+        ckpt_reader *r;
+        cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
+        ckpt_verify_result result;
+        cr_assert_eq(ckpt_verify(r, NULL, &result), TP_OK, "%s", tp_errmsg());
+        if (k == 0) {
+            cr_assert_eq(result.damaged, 0, "%s", result.damaged ? result.damage[0].message : "");
+        } else {
+            cr_assert_eq(result.damaged, 1, "the replica that differs is damage");
+            const ckpt_damage *d = &result.damage[0];
+            cr_assert_eq(d->piece, 2);
+            cr_assert_eq(d->status, TP_ERR_FORMAT);
+            const char *needles[] = {"tensor model/layers.0.attn.qkv.weight: rows 8..9 of axis 0 are replicated over the "
+                                     "tensor-parallel ranks (replicate_small_segments) and their copies differ: element "
+                                     "[9, 1] is 5 (0x40a00000) in ",
+                                     "(tensor-parallel rank 2's replica), 7 (0x40e00000) in ",
+                                     "(rank 0's, the primary copy read)"};
+            for (int n = 0; n < 3; n++) cr_assert(strstr(d->message, needles[n]), "'%s' not in: %s", needles[n], d->message);
+            cr_assert_eq(ckpt_reader_check_replicas(r, 0, 1), TP_OK, "rank 1's replica is rank 0's");
+        }
+        ckpt_verify_result_free(&result);
+        /* Readers take the primary copy either way. */
+        float back[36];
+        int64_t start[2] = {0, 0}, count[2] = {12, 3};
+        cr_assert_eq(ckpt_reader_read_region(r, 0, start, count, back, sizeof back), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(memcmp(back, logical, sizeof back), 0);
+        ckpt_reader_close(r);
+    }
+}
+
 Test(io, latest_pointer_and_resolution)
 {
     char run[600], a[700], b[700], resolved[4096];

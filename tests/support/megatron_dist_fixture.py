@@ -357,6 +357,13 @@ def distributed_state(cfg, o, full, opt, key_of):
                     kind = mf.split_kind(canon, cfg)
                     local_state[pid] = {state: mf.shard(opt[canon][state], kind, cfg.tp, tp_rank).reshape(-1).float()
                                         for state in states}
+                if o.replica_differs and (pp_rank, vp_rank, tp_rank) == (0, 0, 1):
+                    # One rank's bug or flipped bit: tensor-parallel rank 1's copy of the state
+                    # of the first replicated parameter, element 3, set to 5 (its copies on the
+                    # other ranks keep the value).
+                    pid = next(pid for pid, canon in canon_of.items() if mf.split_kind(canon, cfg) == 'rep')
+                    local_state[pid][o.replica_differs] = local_state[pid][o.replica_differs].clone()
+                    local_state[pid][o.replica_differs][3] = 5.0
                 # A buffer per parameter dtype, in the order of their first
                 # parameters (group_params_for_buffers, param_and_grad_buffer.py 888-950).
                 dtypes = []
@@ -521,6 +528,9 @@ def main(argv):
     parser.add_argument('--bucket-size', type=int, default=None,
                         help='buckets of about this many elements on the first stage (--overlap-grad-reduce)')
     parser.add_argument('--pad-buckets-for-high-nccl-busbw', action='store_true')
+    parser.add_argument('--replica-differs', choices=('param', 'exp_avg', 'exp_avg_sq'), default=None,
+                        help="dp_reshardable: tensor-parallel rank 1's bucket copy of this state of stage 0's first "
+                             "replicated parameter differs from the other ranks' at element 3 (set to 5)")
     parser.add_argument('--fp32-norms', action='store_true',
                         help='the norms kept in fp32 beside 16-bit weights (their own buffers in the distributed optimizer)')
     parser.add_argument('--transformer-impl', choices=('transformer_engine', 'local'), default=None,
