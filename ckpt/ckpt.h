@@ -553,9 +553,12 @@ typedef struct {
 } ckpt_verify_result;
 
 /* Verifies every piece of the checkpoint (ckpt_reader_verify_piece, then
- * ckpt_reader_check_padding, then ckpt_reader_check_replicas), threads taking neighbouring pieces of one
- * file. Returns TP_OK when it could check, whatever it found (out->damaged);
- * an error only when it could not (out of memory). options may be NULL. */
+ * ckpt_reader_check_padding, then ckpt_reader_check_replicas), threads
+ * taking neighbouring pieces of one file. Once an object store failed a
+ * request through every retry, the pieces left are not read (TP_ERR_IO,
+ * "not read"). Returns TP_OK when it could check, whatever it found
+ * (out->damaged); an error only when it could not (out of memory).
+ * options may be NULL. */
 int ckpt_verify(ckpt_reader *reader, const ckpt_verify_options *options, ckpt_verify_result *out);
 /* Verifies a whole checkpoint on `threads` threads: TP_OK, or one error
  * naming it, how many pieces are damaged and the first one. */

@@ -50,9 +50,9 @@ static int verify_one(void *ctx, int64_t i, int thread)
         return TP_OK;
     }
     check->status = ckpt_reader_verify_piece(job->reader, check->tensor, check->piece);
-    if (check->status && store_requests_given_up() > job->given_up_before) atomic_store(&job->store_failed, 1);
     if (!check->status) check->status = ckpt_reader_check_padding(job->reader, check->tensor, check->piece);
     if (!check->status) check->status = ckpt_reader_check_replicas(job->reader, check->tensor, check->piece);
+    if (check->status && store_requests_given_up() > job->given_up_before) atomic_store(&job->store_failed, 1);
     if (check->status) snprintf(check->message, sizeof check->message, "%s", tp_errmsg());
     if (job->options->progress) job->options->progress(job->options->progress_ctx, check->bytes);
     return TP_OK; /* keep going: every damaged piece is reported */
