@@ -33,10 +33,11 @@
 #include "../common/file.h"
 #include "../common/parse.h"
 #include "internal.h"
+#include "lease.h"
 
 #define LOCK_NAME ".tp-run.lock"
 #define LEASE_NAME ".tp-run.lease"
-#define HOLDER_MAX 512
+#define HOLDER_MAX CKPT_LEASE_HOLDER_MAX
 #define LEASE_DEFAULT_SECONDS 30
 #define LEASE_MIN_SECONDS 2
 #define LEASE_MAX_SECONDS 3600
@@ -46,33 +47,9 @@ struct ckpt_run_claim {
     char lease_url[CKPT_PATH_MAX]; /* a remote run directory's lease; "" for a local one */
     char owner[STORE_OWNER_MAX];    /* this claim's identity inside the lease */
     char holder[HOLDER_MAX];       /* this claim as others are told of it */
-    double period;                 /* seconds a lease lives without renewal */
-    pthread_t renewer;
-    int renewing;
-    pthread_mutex_t mutex;
-    pthread_cond_t wake;
-    int stopping;                 /* under mutex */
-    atomic_int lost;              /* the lease was taken by another holder */
-    char lost_to[HOLDER_MAX];     /* under mutex */
-    int64_t renewals;
+    ckpt_lease_renewer renewer;    /* lost: the lease was taken by another holder, named in lost_why */
+    int64_t renewals;              /* the renewer's thread's */
 };
-
-static double lease_period(void)
-{
-    return parse_env_seconds("TP_RUN_LEASE_SECONDS", LEASE_DEFAULT_SECONDS, LEASE_MIN_SECONDS, LEASE_MAX_SECONDS);
-}
-
-/* "tp-train (pid 41 on host n1, since 2026-11-24T20:41:07Z)" */
-static void describe_holder(const char *program, char *out, size_t out_size)
-{
-    char host[64], when[32];
-    store_host_name(host, sizeof host);
-    time_t now = time(NULL);
-    struct tm utc;
-    gmtime_r(&now, &utc);
-    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
-    snprintf(out, out_size, "%s (pid %ld on host %s, since %s)", program, (long)getpid(), host, when);
-}
 
 /* ------------------------------------------------------------------ local */
 
@@ -182,7 +159,7 @@ static int write_lease(const ckpt_run_claim *claim, int64_t renewals)
     cJSON_AddStringToObject(json, "host", host);
     cJSON_AddNumberToObject(json, "pid", (double)getpid());
     cJSON_AddNumberToObject(json, "renewals", (double)renewals);
-    cJSON_AddNumberToObject(json, "period_seconds", claim->period);
+    cJSON_AddNumberToObject(json, "period_seconds", claim->renewer.period);
     int fits = cJSON_PrintPreallocated(json, text, sizeof text, 0);
     cJSON_Delete(json);
     if (!fits) return tp_fail(TP_ERR_ARG, "%s: lease text too long", claim->lease_url);
@@ -196,18 +173,11 @@ static int holder_gone(const lease *l)
     return store_process_gone(l->host, l->pid);
 }
 
-static void sleep_seconds(double seconds)
-{
-    struct timespec t = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
-    }
-}
-
 static int refuse(const ckpt_run_claim *claim, const char *run_dir, const lease *l)
 {
     return tp_fail(TP_ERR_EXISTS, "%s is in use by %s: one run per directory (its lease %s is renewed; a "
                    "crashed run's lease lapses %.0f s after its last renewal)", run_dir, l->holder,
-                   claim->lease_url, claim->period);
+                   claim->lease_url, claim->renewer.period);
 }
 
 /* Waits until a lease found there proves dead (its holder gone, or no
@@ -218,8 +188,8 @@ static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const leas
     lease seen = *found;
     for (;;) {
         if (holder_gone(&seen)) return TP_OK;
-        if (now_seconds() - start > claim->period) return TP_OK; /* no renewal for a period */
-        sleep_seconds(claim->period / 8);
+        if (now_seconds() - start > claim->renewer.period) return TP_OK; /* no renewal for a period */
+        sleep_seconds(claim->renewer.period / 8);
         int present = 0;
         lease now;
         TP_TRY(read_lease(claim->lease_url, &present, &now));
@@ -228,38 +198,18 @@ static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const leas
     }
 }
 
-static void *renew(void *arg)
+/* Every quarter period (ckpt_lease_renewer). A lease overwritten by
+ * another holder is lost, not retaken: that holder believes it owns the
+ * directory now. A store that fails to answer is tried again at the next
+ * renewal. */
+static void renew(void *ctx, ckpt_lease_renewer *renewer)
 {
-    ckpt_run_claim *claim = arg;
-    pthread_mutex_lock(&claim->mutex);
-    while (!claim->stopping) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        double wait = claim->period / 4;
-        until.tv_sec += (time_t)wait;
-        until.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
-        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-        while (!claim->stopping && pthread_cond_timedwait(&claim->wake, &claim->mutex, &until) == 0) {
-        }
-        if (claim->stopping) break;
-        pthread_mutex_unlock(&claim->mutex);
-        /* A lease overwritten by another holder is lost, not retaken: that
-         * holder believes it owns the directory now. A store that fails to
-         * answer is tried again at the next renewal. */
-        int present = 0;
-        lease now;
-        int status = read_lease(claim->lease_url, &present, &now);
-        int taken = !status && present && strcmp(now.owner, claim->owner) != 0;
-        if (!status && !taken) status = write_lease(claim, ++claim->renewals);
-        pthread_mutex_lock(&claim->mutex);
-        if (taken) {
-            snprintf(claim->lost_to, sizeof claim->lost_to, "%s", now.holder);
-            atomic_store(&claim->lost, 1);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&claim->mutex);
-    return NULL;
+    ckpt_run_claim *claim = ctx;
+    int present = 0;
+    lease now;
+    int status = read_lease(claim->lease_url, &present, &now);
+    if (!status && present && strcmp(now.owner, claim->owner) != 0) ckpt_lease_set_lost(renewer, now.holder);
+    else if (!status) write_lease(claim, ++claim->renewals);
 }
 
 static int take_lease(ckpt_run_claim *claim, const char *run_dir)
@@ -280,20 +230,19 @@ static int take_lease(ckpt_run_claim *claim, const char *run_dir)
     }
     /* Of two writers at once, the later lease stands: each reads back after
      * a pause longer than a PUT takes, and the overwritten one gives way. */
-    sleep_seconds(claim->period / 8 < 1 ? claim->period / 8 : 1);
+    sleep_seconds(claim->renewer.period / 8 < 1 ? claim->renewer.period / 8 : 1);
     TP_TRY(read_lease(claim->lease_url, &present, &found));
     if (!present || strcmp(found.owner, claim->owner) != 0) {
         claim->lease_url[0] = '\0'; /* not ours: never removed by us */
         if (!present) return tp_fail(TP_ERR_IO, "%s: the lease written there vanished", run_dir);
         return refuse(claim, run_dir, &found);
     }
-    if (pthread_create(&claim->renewer, NULL, renew, claim) != 0) {
+    status = ckpt_lease_renewer_start(&claim->renewer, claim->lease_url);
+    if (status) {
         store_delete(claim->lease_url);
         claim->lease_url[0] = '\0';
-        return tp_fail(TP_ERR_NOMEM, "cannot start the lease's renewal thread");
     }
-    claim->renewing = 1;
-    return TP_OK;
+    return status;
 }
 
 int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *program, ckpt_run_claim **out)
@@ -301,14 +250,11 @@ int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *
     *out = NULL;
     ckpt_run_claim *claim = calloc(1, sizeof *claim);
     if (!claim) return tp_fail(TP_ERR_NOMEM, "out of memory for a run directory's claim");
-    pthread_mutex_init(&claim->mutex, NULL);
-    pthread_cond_init(&claim->wake, NULL);
-    describe_holder(program, claim->holder, sizeof claim->holder);
-    claim->period = lease_period();
-    int status = TP_OK;
-    if (claim->period < 0)
-        status = tp_fail(TP_ERR_ARG, "TP_RUN_LEASE_SECONDS=%s: expected seconds in %d..%d",
-                         getenv("TP_RUN_LEASE_SECONDS"), LEASE_MIN_SECONDS, LEASE_MAX_SECONDS);
+    double period;
+    int status = ckpt_lease_period("TP_RUN_LEASE_SECONDS", LEASE_DEFAULT_SECONDS, LEASE_MIN_SECONDS, LEASE_MAX_SECONDS,
+                                   &period);
+    ckpt_lease_renewer_init(&claim->renewer, period, renew, claim);
+    ckpt_lease_describe_holder(program, claim->holder, sizeof claim->holder);
     if (!status) status = store_staging_owner(claim->owner, sizeof claim->owner);
     if (!status) status = lock_local(local_dir ? local_dir : run_dir, claim->holder, 0, &claim->lock);
     if (!status && store_is_remote(run_dir)) status = take_lease(claim, run_dir);
@@ -326,9 +272,8 @@ int ckpt_run_claim_share(const char *run_dir, const char *program, ckpt_run_clai
     if (store_is_remote(run_dir)) return TP_OK; /* no shared lease: an object store's writers take none */
     ckpt_run_claim *claim = calloc(1, sizeof *claim);
     if (!claim) return tp_fail(TP_ERR_NOMEM, "out of memory for a run directory's claim");
-    pthread_mutex_init(&claim->mutex, NULL);
-    pthread_cond_init(&claim->wake, NULL);
-    describe_holder(program, claim->holder, sizeof claim->holder);
+    ckpt_lease_renewer_init(&claim->renewer, 0, renew, claim); /* never started: no lease */
+    ckpt_lease_describe_holder(program, claim->holder, sizeof claim->holder);
     int status = lock_local(run_dir, claim->holder, STORE_LOCK_SHARED, &claim->lock);
     if (status) {
         ckpt_run_claim_release(claim);
@@ -359,28 +304,17 @@ int ckpt_run_claim_free(const char *run_dir)
 
 int ckpt_run_claim_check(ckpt_run_claim *claim)
 {
-    if (!claim || !atomic_load(&claim->lost)) return TP_OK;
-    pthread_mutex_lock(&claim->mutex);
     char to[HOLDER_MAX];
-    snprintf(to, sizeof to, "%s", claim->lost_to);
-    pthread_mutex_unlock(&claim->mutex);
+    if (!claim || !ckpt_lease_lost(&claim->renewer, to, sizeof to)) return TP_OK;
     return tp_fail(TP_ERR_STATE, "%s: this run's lease was taken over by %s (were its renewals held up for %.0f "
-                   "s?); stopping rather than write beside it", claim->lease_url, to, claim->period);
+                   "s?); stopping rather than write beside it", claim->lease_url, to, claim->renewer.period);
 }
 
 void ckpt_run_claim_release(ckpt_run_claim *claim)
 {
     if (!claim) return;
-    if (claim->renewing) {
-        pthread_mutex_lock(&claim->mutex);
-        claim->stopping = 1;
-        pthread_cond_signal(&claim->wake);
-        pthread_mutex_unlock(&claim->mutex);
-        pthread_join(claim->renewer, NULL);
-    }
-    if (claim->lease_url[0] && !atomic_load(&claim->lost)) store_delete(claim->lease_url);
+    ckpt_lease_renewer_destroy(&claim->renewer);
+    if (claim->lease_url[0] && !atomic_load(&claim->renewer.lost)) store_delete(claim->lease_url);
     if (claim->lock) store_posix()->close(claim->lock);
-    pthread_cond_destroy(&claim->wake);
-    pthread_mutex_destroy(&claim->mutex);
     free(claim);
 }

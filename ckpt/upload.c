@@ -30,6 +30,7 @@
 #include "../common/path.h"
 #include "commit.h"
 #include "index.h"
+#include "lease.h"
 
 int ckpt_is_remote(const char *path)
 {
@@ -106,21 +107,12 @@ typedef struct {
     const store_ops *store;
     char url[CKPT_PATH_MAX];  /* the output */
     char path[CKPT_PATH_MAX]; /* this writer's claim */
-    claim_record own;         /* renewals: under mutex */
-    double period;            /* seconds a claim lives unchanged before it is stale */
-    pthread_t renewer;
-    int renewing;
-    pthread_mutex_t mutex;
-    pthread_cond_t wake;
-    int stopping;           /* under mutex */
-    atomic_int lost;        /* the claim vanished or could not be renewed: nothing more goes up */
-    char lost_why[512];     /* under mutex */
+    claim_record own;         /* under renewer.mutex once the renewals run */
+    /* period: seconds a claim lives unchanged before it is stale; lost: the
+     * claim vanished or could not be renewed: nothing more goes up */
+    ckpt_lease_renewer renewer;
+    double renewed;           /* when the claim was last renewed (the renewer's thread's) */
 } upload_claim;
-
-static double claim_period(void)
-{
-    return parse_env_seconds("TP_UPLOAD_CLAIM_SECONDS", CLAIM_DEFAULT_SECONDS, CLAIM_MIN_SECONDS, CLAIM_MAX_SECONDS);
-}
 
 static int claim_path(const char *url, const char *owner, char *out)
 {
@@ -129,16 +121,9 @@ static int claim_path(const char *url, const char *owner, char *out)
     return tp_path_join(out, url, name);
 }
 
-static void sleep_seconds(double seconds)
-{
-    struct timespec t = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
-    }
-}
-
 static int write_claim(upload_claim *c)
 {
-    pthread_mutex_lock(&c->mutex);
+    pthread_mutex_lock(&c->renewer.mutex);
     const claim_record *r = &c->own;
     cJSON *json = cJSON_CreateObject(), *saw = cJSON_CreateArray();
     int built = json && saw;
@@ -153,7 +138,7 @@ static int write_claim(upload_claim *c)
         saw = NULL;
         cJSON_AddNumberToObject(json, "renewals", (double)r->renewals);
     }
-    pthread_mutex_unlock(&c->mutex);
+    pthread_mutex_unlock(&c->renewer.mutex);
     char *text = built ? cJSON_PrintUnformatted(json) : NULL;
     cJSON_Delete(json);
     cJSON_Delete(saw);
@@ -287,8 +272,8 @@ static int claim_judge(upload_claim *c, const char *owner, int replace, char *go
          * changes) or stale? */
         char stale[128] = "";
         if (claim_writer_gone(seen)) snprintf(stale, sizeof stale, "its process is gone from this machine");
-        else if (now_seconds() - since > c->period)
-            snprintf(stale, sizeof stale, "its claim stayed unchanged for %.0f s (TP_UPLOAD_CLAIM_SECONDS)", c->period);
+        else if (now_seconds() - since > c->renewer.period)
+            snprintf(stale, sizeof stale, "its claim stayed unchanged for %.0f s (TP_UPLOAD_CLAIM_SECONDS)", c->renewer.period);
         if (stale[0] && !replace) {
             status = tp_fail(TP_ERR_EXISTS, "%s holds what an upload that stopped left: %s: %s; --force replaces it",
                              c->url, seen->writer, stale);
@@ -303,7 +288,7 @@ static int claim_judge(upload_claim *c, const char *owner, int replace, char *go
             break;
         }
         sleep_seconds(pause);
-        pause = pause * 2 < c->period / 8 ? pause * 2 : c->period / 8;
+        pause = pause * 2 < c->renewer.period / 8 ? pause * 2 : c->renewer.period / 8;
         status = read_claim(path, &found, now);
         if (!status && found && (now->chosen != seen->chosen || now->renewals != seen->renewals)) {
             alive = 1;
@@ -319,68 +304,40 @@ static int claim_judge(upload_claim *c, const char *owner, int replace, char *go
     return status;
 }
 
-static void claim_set_lost(upload_claim *c, const char *why)
+/* Renews the claim every quarter period (ckpt_lease_renewer), so that a
+ * --force watching it sees it alive. A claim removed meanwhile is lost,
+ * never put back (its remover took it for a stopped upload's and replaces
+ * what is there); so is one that could not be renewed for half a period (a
+ * watcher may count it stale after a whole one). */
+static void claim_renew(void *ctx, ckpt_lease_renewer *renewer)
 {
-    pthread_mutex_lock(&c->mutex);
-    if (!atomic_load(&c->lost)) snprintf(c->lost_why, sizeof c->lost_why, "%s", why);
-    atomic_store(&c->lost, 1);
-    pthread_mutex_unlock(&c->mutex);
-}
-
-/* Renews the claim every quarter period, so that a --force watching it
- * sees it alive. A claim removed meanwhile is lost, never put back (its
- * remover took it for a stopped upload's and replaces what is there); so is
- * one that could not be renewed for half a period (a watcher may count it
- * stale after a whole one). */
-static void *claim_renew(void *arg)
-{
-    upload_claim *c = arg;
-    double renewed = now_seconds();
-    pthread_mutex_lock(&c->mutex);
-    while (!c->stopping && !atomic_load(&c->lost)) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        double wait = c->period / 4;
-        until.tv_sec += (time_t)wait;
-        until.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
-        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-        while (!c->stopping && pthread_cond_timedwait(&c->wake, &c->mutex, &until) == 0) {
-        }
-        if (c->stopping) break;
-        pthread_mutex_unlock(&c->mutex);
-        double start = now_seconds();
-        int found = 0;
-        claim_record *mine = malloc(sizeof *mine);
-        int status = mine ? read_claim(c->path, &found, mine) : TP_ERR_NOMEM;
-        free(mine);
-        if (!status && !found) {
-            claim_set_lost(c, "its claim was removed by another writer, which took it for a stopped upload's");
-        } else if (!status) {
-            pthread_mutex_lock(&c->mutex);
-            c->own.renewals++;
-            pthread_mutex_unlock(&c->mutex);
-            if (!(status = write_claim(c))) renewed = start;
-        }
-        if (status && now_seconds() - renewed > c->period / 2) {
-            char why[300];
-            snprintf(why, sizeof why, "its claim could not be renewed for %.0f s, half of TP_UPLOAD_CLAIM_SECONDS "
-                     "(another writer may take it for a stopped upload's)", now_seconds() - renewed);
-            claim_set_lost(c, why);
-        }
-        pthread_mutex_lock(&c->mutex);
+    upload_claim *c = ctx;
+    double start = now_seconds();
+    int found = 0;
+    claim_record *mine = malloc(sizeof *mine);
+    int status = mine ? read_claim(c->path, &found, mine) : TP_ERR_NOMEM;
+    free(mine);
+    if (!status && !found) {
+        ckpt_lease_set_lost(renewer, "its claim was removed by another writer, which took it for a stopped upload's");
+    } else if (!status) {
+        pthread_mutex_lock(&renewer->mutex);
+        c->own.renewals++;
+        pthread_mutex_unlock(&renewer->mutex);
+        if (!(status = write_claim(c))) c->renewed = start;
     }
-    pthread_mutex_unlock(&c->mutex);
-    return NULL;
+    if (status && now_seconds() - c->renewed > renewer->period / 2) {
+        char why[300];
+        snprintf(why, sizeof why, "its claim could not be renewed for %.0f s, half of TP_UPLOAD_CLAIM_SECONDS "
+                 "(another writer may take it for a stopped upload's)", now_seconds() - c->renewed);
+        ckpt_lease_set_lost(renewer, why);
+    }
 }
 
 /* TP_OK while the claim holds; else a failure saying why it was lost. */
 static int claim_check_lost(upload_claim *c)
 {
-    if (!c || !atomic_load(&c->lost)) return TP_OK;
-    pthread_mutex_lock(&c->mutex);
-    char why[512];
-    snprintf(why, sizeof why, "%s", c->lost_why);
-    pthread_mutex_unlock(&c->mutex);
+    char why[CKPT_LEASE_LOST_MAX];
+    if (!c || !ckpt_lease_lost(&c->renewer, why, sizeof why)) return TP_OK;
     return tp_fail(TP_ERR_STATE, "%s: this upload stopped: %s; nothing of it is removed (the URL may be another "
                    "upload's now)", c->url, why);
 }
@@ -395,19 +352,9 @@ static int claim_check(upload_claim *c)
     int status = mine ? read_claim(c->path, &found, mine) : tp_fail(TP_ERR_NOMEM, "out of memory");
     free(mine);
     TP_TRY(status);
-    if (!found) claim_set_lost(c, "its claim was removed by another writer, which took it for a stopped upload's");
+    if (!found)
+        ckpt_lease_set_lost(&c->renewer, "its claim was removed by another writer, which took it for a stopped upload's");
     return claim_check_lost(c);
-}
-
-static void claim_stop_renewing(upload_claim *c)
-{
-    if (!c->renewing) return;
-    pthread_mutex_lock(&c->mutex);
-    c->stopping = 1;
-    pthread_cond_signal(&c->wake);
-    pthread_mutex_unlock(&c->mutex);
-    pthread_join(c->renewer, NULL);
-    c->renewing = 0;
 }
 
 /* Frees the claim; with remove, its object goes first (never once lost:
@@ -415,10 +362,8 @@ static void claim_stop_renewing(upload_claim *c)
 static void claim_release(upload_claim *c, int remove)
 {
     if (!c) return;
-    claim_stop_renewing(c);
-    if (remove && !atomic_load(&c->lost)) store_delete(c->path);
-    pthread_cond_destroy(&c->wake);
-    pthread_mutex_destroy(&c->mutex);
+    ckpt_lease_renewer_destroy(&c->renewer);
+    if (remove && !atomic_load(&c->renewer.lost)) store_delete(c->path);
     free(c);
 }
 
@@ -434,27 +379,18 @@ static int claim_take(const char *url, int replace, upload_claim **out)
         free(scan);
         return tp_fail(TP_ERR_NOMEM, "out of memory for an upload's claim");
     }
-    pthread_mutex_init(&c->mutex, NULL);
-    pthread_cond_init(&c->wake, NULL);
-    c->period = claim_period();
-    int status = TP_OK;
-    if (c->period < 0)
-        status = tp_fail(TP_ERR_ARG, "TP_UPLOAD_CLAIM_SECONDS=%s: expected seconds in %d..%d",
-                         getenv("TP_UPLOAD_CLAIM_SECONDS"), CLAIM_MIN_SECONDS, CLAIM_MAX_SECONDS);
+    double period;
+    int status = ckpt_lease_period("TP_UPLOAD_CLAIM_SECONDS", CLAIM_DEFAULT_SECONDS, CLAIM_MIN_SECONDS,
+                                   CLAIM_MAX_SECONDS, &period);
+    ckpt_lease_renewer_init(&c->renewer, period, claim_renew, c);
     if (!status) status = store_for(url, &c->store);
     if (!status && (size_t)snprintf(c->url, sizeof c->url, "%s", url) >= sizeof c->url)
         status = tp_fail(TP_ERR_ARG, "path too long: %s", url);
     if (!status) status = store_staging_owner(c->own.owner, sizeof c->own.owner);
     if (!status) {
-        char when[32];
-        time_t now = time(NULL);
-        struct tm utc;
-        gmtime_r(&now, &utc);
-        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &utc);
         store_host_name(c->own.host, sizeof c->own.host);
         c->own.pid = (long)getpid();
-        snprintf(c->own.writer, sizeof c->own.writer, "%s (pid %ld on host %s, since %s)",
-                 program_invocation_short_name, c->own.pid, c->own.host, when);
+        ckpt_lease_describe_holder(program_invocation_short_name, c->own.writer, sizeof c->own.writer);
         status = claim_path(url, c->own.owner, c->path);
     }
     tp_fault_point("upload-claiming"); /* a test holds writers here: past their checks, nothing claimed */
@@ -469,18 +405,18 @@ static int claim_take(const char *url, int replace, upload_claim **out)
         status = tp_fail(TP_ERR_EXISTS, "%s: more than %d uploads to it at once; this one gives way, having sent "
                          "nothing", url, CLAIM_SEEN_MAX - 1);
     if (!status) { /* its view, published before it waits for any other's */
-        pthread_mutex_lock(&c->mutex);
+        pthread_mutex_lock(&c->renewer.mutex);
         c->own.chosen = 1;
         c->own.num_saw = 0;
         snprintf(c->own.saw[c->own.num_saw++], sizeof c->own.saw[0], "%s", c->own.owner);
         for (int i = 0; i < scan->num_claims && c->own.num_saw < CLAIM_SEEN_MAX; i++)
             snprintf(c->own.saw[c->own.num_saw++], sizeof c->own.saw[0], "%s", scan->claims[i]);
-        pthread_mutex_unlock(&c->mutex);
+        pthread_mutex_unlock(&c->renewer.mutex);
         status = write_claim(c);
     }
     if (!status) {
-        if (pthread_create(&c->renewer, NULL, claim_renew, c) == 0) c->renewing = 1;
-        else status = tp_fail(TP_ERR_NOMEM, "cannot start the renewal thread of the claim %s", c->path);
+        c->renewed = now_seconds();
+        status = ckpt_lease_renewer_start(&c->renewer, c->path);
     }
     char gone_writer[CLAIM_WRITER_MAX] = "";
     for (int i = 0; !status && i < scan->num_claims; i++)
@@ -500,7 +436,7 @@ static int claim_take(const char *url, int replace, upload_claim **out)
                          gone_writer, gone_writer[0] ? "; this one sent nothing" : "");
     free(scan);
     if (status) {
-        claim_stop_renewing(c);
+        ckpt_lease_renewer_stop(&c->renewer);
         if (placed) {
             char message[2048];
             snprintf(message, sizeof message, "%s", tp_errmsg());
@@ -691,7 +627,7 @@ static int claim_leave(upload_claim *c)
     int alone = !status && !scan->num_claims && !scan->other[0];
     free(scan);
     TP_TRY(status);
-    claim_stop_renewing(c); /* never renewed back after it is removed */
+    ckpt_lease_renewer_stop(&c->renewer); /* never renewed back after it is removed */
     if (alone && store_keeps_directories(c->store)) return c->store->remove_tree(c->store, c->url);
     return store_delete(c->path);
 }
@@ -713,7 +649,7 @@ static int discard_upload(const char *url, upload_claim *claim, int status)
 {
     char message[2048];
     snprintf(message, sizeof message, "%s", tp_errmsg());
-    if (claim && atomic_load(&claim->lost)) return tp_fail(status, "%s", message);
+    if (claim && atomic_load(&claim->renewer.lost)) return tp_fail(status, "%s", message);
     const store_ops *store;
     int removed = TP_OK;
     if (claim) removed = claim_leave(claim);

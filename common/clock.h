@@ -10,4 +10,9 @@ double now_seconds(void);
  * processes compare: logs, events). */
 double unix_seconds(void);
 
+/* Sleeps for seconds (nothing when not above 0), the whole time even when
+ * a signal's handler interrupts the wait: a held writer, or a straggler,
+ * does not hurry because it is asked to stop. */
+void sleep_seconds(double seconds);
+
 #endif

@@ -1,13 +1,12 @@
 /* fault.c: the test hook (fault.h). */
-#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "fault.h"
 
 static void fault_at(const char *point, const char *want);
@@ -26,14 +25,6 @@ void tp_fault_point(const char *point)
             fault_at(point, one);
         }
         want = comma ? comma + 1 : NULL;
-    }
-}
-
-void tp_fault_hold(double seconds)
-{
-    if (!(seconds > 0)) return; /* nanosleep refuses a negative time, for good */
-    struct timespec left = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
     }
 }
 
@@ -56,15 +47,15 @@ static void fault_at(const char *point, const char *want)
             int fd = open(held, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
             if (fd >= 0) close(fd);
         }
-        for (int tick = 0; tick < 60000 && access(name + 5, F_OK) != 0; tick++) tp_fault_hold(0.01);
+        for (int tick = 0; tick < 60000 && access(name + 5, F_OK) != 0; tick++) sleep_seconds(0.01);
         return;
     }
     if (strncmp(name, "SLEEP:", 6) == 0) {
-        tp_fault_hold(atof(name + 6));
+        sleep_seconds(atof(name + 6));
         return;
     }
     int signal = strcmp(name, "TERM") == 0 ? SIGTERM : strcmp(name, "INT") == 0 ? SIGINT : strcmp(name, "HUP") == 0 ? SIGHUP : 0;
     if (!signal) return;
     raise(signal);
-    tp_fault_hold(0.5);
+    sleep_seconds(0.5);
 }

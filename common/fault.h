@@ -10,9 +10,4 @@
  * points are separated by commas. */
 void tp_fault_point(const char *point);
 
-/* Holds the caller `seconds`, the whole time even when a signal's handler
- * interrupts the wait: a held writer, or a straggler, does not hurry
- * because it is asked to stop. */
-void tp_fault_hold(double seconds);
-
 #endif

@@ -393,7 +393,7 @@ static void log_stop(FILE *log, int64_t step, const char *reason, const char *er
 static void maybe_slow_step(int rank, int64_t step)
 {
     if (fault.kind == FAULT_SLOW_STEPS && step >= fault.step && rank == fault.rank)
-        tp_fault_hold(fault_slow_steps_seconds);
+        sleep_seconds(fault_slow_steps_seconds);
 }
 
 /* After step `step` on rank `rank`: the injected fault, when it is due (the
@@ -423,7 +423,7 @@ static void maybe_fault(int rank, int64_t step, FILE *log)
         if (log) log_stop(log, step, "failed", why, NULL, 0);
         fprintf(stderr, "tp-train: error (rank %d): %s\n", rank, why);
         _exit(1);
-    case FAULT_SLOW: tp_fault_hold(fault_slow_seconds); break;
+    case FAULT_SLOW: sleep_seconds(fault_slow_seconds); break;
     default: break;
     }
 }

@@ -1,0 +1,61 @@
+/* lease.h: what the two claims held in an object store share (inside ckpt/
+ * only): the run directory's lease (runclaim.c) and an upload's claim
+ * (upload.c). Each is a small JSON object at a URL naming its holder,
+ * renewed by a thread of the holder every quarter period so that others
+ * see it alive (an object store has no locks, and no two machines' clocks
+ * are compared: a watcher counts changes on its own clock), and lost when
+ * another holder takes it over: the holder stops rather than write beside
+ * it. The objects' fields and the rules of taking over differ and stay
+ * with each claim. */
+#ifndef TP_CKPT_LEASE_H
+#define TP_CKPT_LEASE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+#define CKPT_LEASE_HOLDER_MAX 512
+#define CKPT_LEASE_LOST_MAX 512
+
+/* "tp-train (pid 41 on host n1, since 2026-11-24T20:41:07Z)": a holder as
+ * others are told of it. */
+void ckpt_lease_describe_holder(const char *program, char *out, size_t out_size);
+
+/* The period in seconds from the environment variable name (default
+ * fallback, within [min, max]); TP_ERR_ARG naming the variable otherwise. */
+int ckpt_lease_period(const char *name, double fallback, double min, double max, double *out);
+
+/* The renewal thread of a lease. renew(ctx, renewer) is called every
+ * period/4 seconds, without the renewer's mutex held; it renews the
+ * object and, when the lease is lost, calls ckpt_lease_set_lost, which
+ * ends the renewals. */
+typedef struct ckpt_lease_renewer ckpt_lease_renewer;
+typedef void (*ckpt_lease_renew_fn)(void *ctx, ckpt_lease_renewer *renewer);
+
+struct ckpt_lease_renewer {
+    double period;
+    ckpt_lease_renew_fn renew;
+    void *ctx;
+    pthread_t thread;
+    int running;
+    pthread_mutex_t mutex;
+    pthread_cond_t wake;
+    int stopping;                  /* under mutex */
+    atomic_int lost;
+    char lost_why[CKPT_LEASE_LOST_MAX]; /* under mutex: the first reason given */
+};
+
+/* Sets up a renewer that is not yet running (ckpt_lease_renewer_start). */
+void ckpt_lease_renewer_init(ckpt_lease_renewer *r, double period, ckpt_lease_renew_fn renew, void *ctx);
+/* Starts the renewals: TP_ERR_NOMEM when no thread could be made. */
+int ckpt_lease_renewer_start(ckpt_lease_renewer *r, const char *what);
+/* Stops the renewals (waiting for one under way); nothing when not running. */
+void ckpt_lease_renewer_stop(ckpt_lease_renewer *r);
+/* Stops the renewals and frees what init set up. */
+void ckpt_lease_renewer_destroy(ckpt_lease_renewer *r);
+/* The lease is lost, for the reason why (the first reason stays). */
+void ckpt_lease_set_lost(ckpt_lease_renewer *r, const char *why);
+/* Whether the lease is lost; then its reason in why. */
+int ckpt_lease_lost(ckpt_lease_renewer *r, char *why, size_t size);
+
+#endif
