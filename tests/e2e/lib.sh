@@ -165,6 +165,16 @@ PYEOF
 
 tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum) | md5sum; }
 
+# skip_without_python MODULES WHY: unless Debian's python imports MODULES
+# ("torch, numpy"), the test says it is skipped (WHY) and ends there, exit
+# 0: skipped, never passed, and never run on without them.
+skip_without_python() {
+    "$PY" -c "import $1" 2>/dev/null && return 0
+    echo "[SKIP] [$NAME] $2"
+    finish
+    exit 0
+}
+
 # finish: the summary line; the exit status says whether every check passed.
 # With TEST_KEEP_WORK=DIR, a failed test's WORK is copied into DIR first,
 # for the logs of what failed (hunting a failure that comes and goes).

@@ -11,10 +11,7 @@
 CK="$BIN/tp-ckpt"
 CHECK="$ROOT/tests/trainer/check_export.py"
 
-if ! "$PY" -c 'import torch, numpy, h5py' 2>/dev/null; then
-    echo "[SKIP] [$NAME] python3-torch (or h5py) is not installed"
-    finish
-fi
+skip_without_python 'torch, numpy, h5py' "python3-torch (or h5py) is not installed"
 
 # --- An untied Llama with 2 key/value heads, trained a little at tp2pp2.
 printf 'The checkpoint of a Llama goes to Hugging Face and to llama.cpp. %.0s' $(seq 60) >"$WORK/text.txt"

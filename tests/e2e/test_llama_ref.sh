@@ -8,11 +8,7 @@
 # tier: check
 . "$(dirname "$0")/lib.sh"
 
-if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
-    echo "[SKIP] [$NAME] python3-torch is not installed"
-    finish
-    exit
-fi
+skip_without_python 'torch, numpy' "python3-torch is not installed"
 
 run "$PY" "$ROOT/tests/trainer/test_llama_ref.py"
 sed 's/^/    /' "$WORK/.out"

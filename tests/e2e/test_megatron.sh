@@ -9,10 +9,7 @@
 CK="$BIN/tp-ckpt"
 FIXTURE="$ROOT/tests/support/megatron_fixture.py"
 
-if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
-    echo "[SKIP] [$NAME] python3-torch is not installed"
-    finish
-fi
+skip_without_python 'torch, numpy' "python3-torch is not installed"
 
 expect_ok "fixture: legacy names tp4 pp2, optimizer" "$PY" "$FIXTURE" "$WORK/a" --tp 4 --pp 2 --layers 4 --hidden 64 \
     --heads 8 --ffn 128 --vocab 200 --make-vocab-size-divisible-by 16 --optimizer --full "$WORK/a.full.pt"

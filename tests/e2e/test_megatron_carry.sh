@@ -15,10 +15,7 @@ RS="$BIN/tp-reshard"
 CK="$BIN/tp-ckpt"
 FIXTURE="$ROOT/tests/support/megatron_fixture.py"
 
-if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
-    echo "[SKIP] [$NAME] python3-torch is not installed"
-    finish
-fi
+skip_without_python 'torch, numpy' "python3-torch is not installed"
 
 MARKER="$WORK/payload-ran"
 

@@ -20,10 +20,7 @@ RS="$BIN/tp-reshard"
 LEGACY="$ROOT/tests/support/megatron_fixture.py"
 DIST="$ROOT/tests/support/megatron_dist_fixture.py"
 
-if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
-    echo "[SKIP] [$NAME] python3-torch is not installed"
-    finish
-fi
+skip_without_python 'torch, numpy' "python3-torch is not installed"
 
 SHAPE="--layers 4 --hidden 64 --heads 8 --ffn 128 --vocab 200 --make-vocab-size-divisible-by 16"
 # case NAME OPTIONS: the torch_dist fixture (OPTIONS with --numbered and --dp)

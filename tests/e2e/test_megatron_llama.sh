@@ -14,10 +14,7 @@ CK="$BIN/tp-ckpt"
 RS="$BIN/tp-reshard"
 FIXTURE="$ROOT/tests/support/megatron_fixture.py"
 
-if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
-    echo "[SKIP] [$NAME] python3-torch is not installed"
-    finish
-fi
+skip_without_python 'torch, numpy' "python3-torch is not installed"
 use_open_mpi
 
 # tokens FILE COUNT: a token file (docs/DATA.md) of COUNT tokens below 90.

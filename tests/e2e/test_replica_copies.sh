@@ -15,10 +15,7 @@
 CK="$BIN/tp-ckpt"
 FIXTURE="$ROOT/tests/support/megatron_fixture.py"
 
-if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
-    echo "[SKIP] [$NAME] python3-torch is not installed"
-    finish
-fi
+skip_without_python 'torch, numpy' "python3-torch is not installed"
 
 # ------------------------------------------------- Megatron-LM legacy
 expect_ok "fixture: a GPT-2 with --openai-gelu and Adam state, tp2, fp32" "$PY" "$FIXTURE" "$WORK/t" --tp 2 --pp 1 \

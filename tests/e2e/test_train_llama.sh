@@ -16,11 +16,7 @@ use_open_mpi
 TRAIN="$BIN/tp-train"
 LLAMA="--model llama-tiny --micro-batch 2 --quiet"
 
-if ! "$PY" -c 'import torch, numpy, h5py' 2>/dev/null; then
-    echo "[SKIP] [$NAME] python3-torch (or h5py) is not installed"
-    finish
-    exit
-fi
+skip_without_python 'torch, numpy, h5py' "python3-torch (or h5py) is not installed"
 
 
 # --- The cross-check against the PyTorch Llama (torch_check in

@@ -6,10 +6,7 @@
 # (1.13's torch.distributed._shard.checkpoint, or 2.x's), TORCH 1 where
 # python3-torch is installed.
 DATA="$ROOT/tests/data/megatron-core"
-if ! "$PY" -c 'import h5py, numpy, xxhash, zstandard' 2>/dev/null; then
-    echo "[SKIP] [$NAME] python3-h5py, -numpy, -xxhash or -zstandard is not installed"
-    finish
-fi
+skip_without_python 'h5py, numpy, xxhash, zstandard' "python3-h5py, -numpy, -xxhash or -zstandard is not installed"
 expect_ok "the real checkpoints unpacked" "$PY" -c '
 import sys, tarfile, zstandard
 with open(sys.argv[1], "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as r:
