@@ -967,6 +967,13 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     int have_checkpoint = 0;
     double selecting = now_seconds();
     int status = elastic_choose_checkpoint(o->run_dir, o->verify_threads, on_rejected, s, &chosen);
+    /* None committed: the run starts. Anything else (a store that could not
+     * be read) is not "no checkpoint": launched, the trainer stops at the
+     * same failure, and the launches were counted as a bug of the trainer's. */
+    if (status && status != TP_ERR_NOT_FOUND) {
+        snprintf(why, sizeof why, "cannot choose the checkpoint to resume from: %s", tp_errmsg());
+        return *status_out = give_up(s, summary, why), 1;
+    }
     if (!status) {
         have_checkpoint = 1;
         resumed = chosen.step;
