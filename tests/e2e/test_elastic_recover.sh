@@ -7,6 +7,8 @@
 # since the last checkpoint and left nothing running. Then a copy whose
 # newest checkpoint the store cannot read: tp-elastic gives up at once,
 # naming it, rather than calling it rejected and launching on an older one.
+# And the steps an orchestrator killed with SIGKILL did not record are
+# counted as recomputed by the next.
 # The other faults are test_elastic.sh's.
 # tier: check
 . "$(dirname "$0")/lib.sh"
@@ -59,6 +61,22 @@ check "unreadable: the error names the checkpoint and the store's error" \
 check_all "unreadable: nothing launched, nothing called rejected or chosen" \
     '[ "$(events "$R" launch)" -eq 0 ] && [ "$(events "$R" checkpoint_rejected)" -eq 0 ] && [ "$(events "$R" checkpoint_chosen)" -eq 0 ]'
 check "unreadable: one give_up" [ "$(events "$R" give_up)" -eq 1 ]
+
+
+# ---------------- steps an orchestrator killed with SIGKILL lost are counted
+# What such a death leaves (srun's tasks, ended by Slurm, save nothing): a
+# state.json written at the last launch (last_step 20), the trainer's log
+# at step 25, the newest checkpoint step 20. The next orchestrator resumes
+# from step 20: 5 steps recomputed. Before, state.json's 20 was all it knew:
+# "0 steps recomputed".
+R="$WORK/lost"
+expect_ok "lost: a run to step 25" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 25
+rm -rf "$R/step_00000025" && echo step_00000020 >"$R/latest"
+"$PY" -c 'import json, sys
+s = json.load(open(sys.argv[1])); s["last_step"] = 20; json.dump(s, open(sys.argv[1], "w"))' "$R/elastic/state.json"
+expect_ok "lost: the next orchestrator finishes the run" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
+    -- "$TRAIN" $TRAIN_ARGS --steps 30
+check "lost: the 5 steps past the checkpoint counted as recomputed" [ "$(summary_field "$R" steps_recomputed)" -eq 5 ]
 
 
 # What the planner and the report make of the run.
