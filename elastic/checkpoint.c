@@ -38,11 +38,24 @@ int elastic_choose_checkpoint(const char *run_dir, int threads,
     int n = 0, status = ckpt_candidates(run_dir, &list, &n);
     if (status) return status;
     status = TP_ERR_NOT_FOUND;
-    for (int k = 0; k < n && status; k++) {
+    int unread = 0;
+    for (int k = 0; k < n && status && !unread; k++) {
         status = verify_checkpoint(list[k].path, threads > 0 ? threads : 1, out);
-        if (status && rejected) rejected(ctx, list[k].path, tp_errmsg());
+        /* A store that could not be read (ckpt_store_failure: EIO, EACCES,
+         * a 5xx) says nothing of the checkpoint. Called a rejection, an older
+         * checkpoint was chosen in its place, which the trainer refuses to
+         * do (it stops at the same failure): the choice ends here, as the
+         * trainer's resume does. */
+        unread = status && ckpt_store_failure(status);
+        if (unread) {
+            char cause[4096 + 512]; /* tp_errmsg's buffer is the one tp_fail writes */
+            snprintf(cause, sizeof cause, "%s", tp_errmsg());
+            status = tp_fail(status, "%s; %s could not be read, and no older checkpoint is taken in its place "
+                             "(resume when the store answers)", cause, list[k].path);
+        }
+        else if (status && rejected) rejected(ctx, list[k].path, tp_errmsg());
     }
-    if (status) status = tp_fail(TP_ERR_NOT_FOUND, "%s: none of its %d checkpoints verifies", run_dir, n);
+    if (status && !unread) status = tp_fail(TP_ERR_NOT_FOUND, "%s: none of its %d checkpoints verifies", run_dir, n);
     free(list);
     out->seconds = now_seconds() - start;
     return status;

@@ -137,7 +137,9 @@ int elastic_log_read(elastic_log_follower *follower, void (*visit)(void *ctx, co
 
 /* The newest checkpoint of run_dir that verifies (every block checksum),
  * with the layout and step it holds; rejected ones are passed to `rejected`
- * with why. TP_ERR_NOT_FOUND when there is none. */
+ * with why. TP_ERR_NOT_FOUND when there is none. A checkpoint the store
+ * could not read (ckpt_store_failure) is no rejection: the choice stops
+ * there with that error, naming it, as the trainer's resume does. */
 typedef struct {
     char path[4096];
     int64_t step;

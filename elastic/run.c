@@ -200,6 +200,13 @@ static int state_number(const run_state *s, const cJSON *o, const char *name, do
 #define EXACT_LIMIT 9007199254740992.0
 
 /* The state of an earlier orchestrator of this run, when there is one. */
+/* The furthest step of the trainer's log (open_state). */
+static void note_logged_step(void *ctx, const elastic_log_line *line)
+{
+    run_state *s = ctx;
+    if (line->kind == ELASTIC_LOG_STEP && line->step > s->last_step) s->last_step = line->step;
+}
+
 static int load_state(run_state *s)
 {
     char *text = NULL;
@@ -383,6 +390,14 @@ static int open_state(run_state *s, const elastic_run_options *o)
     /* The trainer's log is read as it grows; a FIFO there would block the
      * reads (and the trainer): refused before anything is launched. */
     TP_TRY(tp_refuse_special(s->log_path));
+    /* state.json is written at events, not at each step: after an
+     * orchestrator killed with SIGKILL it names the step of the last event,
+     * and the steps its launch logged since then, lost with it, were not
+     * counted as recomputed ("0 steps recomputed" after 10 were). The
+     * trainer's log, kept across launches, says how far the run got. */
+    elastic_log_follower logged;
+    elastic_log_follow(&logged, s->log_path, 0);
+    TP_TRY(elastic_log_read(&logged, note_logged_step, s));
     /* So are the state's temporary file and the capacity's file, which a
      * FIFO would make fail later (the capacity only after a long wait). */
     char tmp[4400];
@@ -967,6 +982,13 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     int have_checkpoint = 0;
     double selecting = now_seconds();
     int status = elastic_choose_checkpoint(o->run_dir, o->verify_threads, on_rejected, s, &chosen);
+    /* None committed: the run starts. Anything else (a store that could not
+     * be read) is not "no checkpoint": launched, the trainer stops at the
+     * same failure, and the launches were counted as a bug of the trainer's. */
+    if (status && status != TP_ERR_NOT_FOUND) {
+        snprintf(why, sizeof why, "cannot choose the checkpoint to resume from: %s", tp_errmsg());
+        return *status_out = give_up(s, summary, why), 1;
+    }
     if (!status) {
         have_checkpoint = 1;
         resumed = chosen.step;

@@ -9,6 +9,7 @@
 #include "../elastic/plan.h"
 #include "../formats/registry.h"
 #include "../model/interop.h"
+#include "../reshard/reshard.h"
 #include "cli.h"
 #include "elastic_commands.h"
 
@@ -29,12 +30,18 @@ static const char plan_usage[] =
     "--weight-decay, --clip, --seed, --data, --ckpt-dir, --ckpt-every, --resume, --log, --quiet, --device, ...).\n"
     "Exit status: 0 when a layout is chosen, 1 when none is valid, 2 on usage errors.\n";
 
-/* tpTppP, as tp-reshard's --to takes it. */
+/* tpTppP, read as tp-reshard's --to reads it (reshard_parse_layout, whose
+ * degrees follow the one rule for numbers): sscanf took "tp 2pp1",
+ * "tp+2pp1" and "tp2pp 1", and wrapped "tp99999999999pp1" to tp 1215752191.
+ * A degree not named is 1; a vV is taken and ignored, as a pasted
+ * --virtual-stages is (the plan chooses V itself). */
 static void parse_layout(const char *text, int *tp, int *pp)
 {
-    char extra;
-    if (sscanf(text, "tp%dpp%d%c", tp, pp, &extra) != 2 || *tp < 1 || *pp < 1)
-        cli_usage_error(PROGRAM, "--current takes tpTppP (tp2pp1), not '%s'", text);
+    int virtual_stages = 0;
+    if (reshard_parse_layout(text, tp, pp, &virtual_stages))
+        cli_usage_error(PROGRAM, "--current takes tpTppP (tp2pp1): %s", tp_errmsg());
+    if (!*tp) *tp = 1;
+    if (!*pp) *pp = 1;
 }
 
 /* The model and layout of a checkpoint (a run directory resolves to its

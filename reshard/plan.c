@@ -15,6 +15,7 @@
 
 #include "../common/memory.h"
 #include "../common/parallel.h"
+#include "../common/parse.h"
 #include "internal.h"
 
 /* Bytes of a slab per thread, staging and output together. On the CPU a
@@ -53,9 +54,18 @@ int reshard_parse_layout(const char *text, int *tp, int *pp, int *virtual_stages
         ok = degree && !*degree && c[skip] >= '1' && c[skip] <= '9';
         if (!ok) break;
         c += skip;
-        long value = 0;
-        while (*c >= '0' && *c <= '9' && value <= 4096) value = value * 10 + (*c++ - '0');
-        ok = value <= 4096;
+        /* The degree's digits, read by the one rule for numbers (parse_int):
+         * a run too long for the buffer is out of range as well. */
+        char digits[16];
+        size_t n = strspn(c, "0123456789");
+        int64_t value = 0;
+        ok = n < sizeof digits;
+        if (ok) {
+            memcpy(digits, c, n);
+            digits[n] = '\0';
+            ok = parse_int(digits, 1, 4096, &value) == 0;
+        }
+        c += n;
         *degree = (int)value;
         last = degree;
     }

@@ -331,6 +331,10 @@ expect_error "report: an unknown picture type" 2 "svg or .png" "$ELASTIC" report
 expect_error "no --ckpt-dir" 2 "ckpt-dir" "$ELASTIC" run --world 2 -- "$TRAIN" $TRAIN_ARGS
 expect_error "a layout option for the trainer" 2 "--tp is tp-elastic's" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2 \
     -- "$TRAIN" $TRAIN_ARGS --tp 2
+# A fixed world below --min-world never grows: before, the run waited
+# --capacity-wait (600 s) before giving up.
+expect_error "--min-world above a fixed --world" 2 "--min-world 4 is more than --world 2, which never changes" \
+    "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2 --min-world 4 -- "$TRAIN" $TRAIN_ARGS
 expect_error "no global batch" 2 "global-batch" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2 -- "$TRAIN" --model tiny
 # An option tp-train does not have is refused before any launch, last or
 # not (the last was told "needs a value"); --name=value forms are read.

@@ -154,6 +154,15 @@ expect_ok "a run's tp-train arguments pasted" "$ELASTIC" plan --model tiny --tp 
 check "pasted: the same plan as --current tp2pp2" cmp -s "$WORK/.out" "$WORK/current.json"
 check "pasted: nothing made at the paths they name" \
     sh -c '! ls -d "$1"/never* 2>/dev/null | grep -q .' - "$WORK"
+# --current's degrees follow the one rule for numbers (tp-reshard's --to
+# reads the layout): sscanf took blanks, a '+' and a wrapped overflow
+# ("tp99999999999pp1" was tp 1215752191), exit 0.
+for bad in "tp 2pp1" "tp+2pp1" "tp2pp 1" "tp99999999999pp1" "tp2pp1 "; do
+    expect_error "--current '$bad': refused" 2 "--current takes tpTppP \(tp2pp1\): layout '.+' not understood" \
+        "$ELASTIC" plan --world 4 --model tiny --global-batch 8 --current "$bad"
+done
+expect_ok "--current tp2: pp 1" "$ELASTIC" plan --world 4 --model tiny --global-batch 8 --current tp2
+check "--current tp2: tp2 pp1 kept" grep -Eq "^chosen: tp2 pp1 .*keeps the current tp2 pp1" "$WORK/.out"
 expect_ok "--pp alone: tp 1, as tp-train's default" "$ELASTIC" plan --world 4 --model tiny --global-batch 8 --pp 2 \
     --seed 1
 check "--pp alone: tp1 pp2 kept" grep -Eq "^chosen: tp1 pp2 dp2 .*keeps the current tp1 pp2" "$WORK/.out"

@@ -4,8 +4,12 @@
 # from 4 ranks to 3; the run relaunches at the layout the planner picks for 3,
 # resharding its checkpoint at load, and finishes with the losses of an
 # uninterrupted run (1e-4 relative), having recomputed at most the steps
-# since the last checkpoint and left nothing running. The other faults are
-# test_elastic.sh's.
+# since the last checkpoint and left nothing running. Then a copy whose
+# newest checkpoint the store cannot read: tp-elastic gives up at once,
+# naming it, rather than calling it rejected and launching on an older one.
+# And the steps an orchestrator killed with SIGKILL did not record are
+# counted as recomputed by the next.
+# The other faults are test_elastic.sh's.
 # tier: check
 . "$(dirname "$0")/lib.sh"
 . "$ROOT/tests/elastic/lib.sh"
@@ -36,6 +40,43 @@ print(max([r["step"] for r in lines[:starts[1]] if r.get("event") == "save"] + [
 check "kill -9: at most the steps since the newest committed checkpoint (step $saved) recomputed" \
     [ "$(summary_field "$R" steps_recomputed)" -le $((25 - saved)) ]
 check "kill -9: no trainer left running" nothing_left "$R"
+
+
+# ------------------------------- a checkpoint the store cannot read is no rejection
+# The killed run's copy, its newest checkpoint's shard unreadable (a symlink
+# loop: ELOOP, a system error as EIO or EACCES are; root meets no EACCES).
+# That says nothing of the checkpoint: tp-elastic gives up at once, naming
+# it, as the trainer's resume refuses to take an older one in its place.
+# Before, it was "checkpoint_rejected", step 50 was "chosen", and three
+# launches failed on it before a give-up that called it the trainer's bug.
+R="$WORK/unread"
+cp -r "$WORK/kill" "$R" && rm -rf "$R/elastic"
+newest=$(ls -d "$R"/step_* | tail -n 1)
+shard=$(ls "$newest"/shard_*.h5 | head -n 1)
+rm "$shard" && ln -s "$(basename "$shard")" "$shard"
+run "$ELASTIC" run --ckpt-dir "$R" --world 4 $FAST -- "$TRAIN" $TRAIN_ARGS
+check "unreadable: exit 1" [ "$RC" -eq 1 ]
+check "unreadable: the error names the checkpoint and the store's error" \
+    grep -q "error: cannot choose the checkpoint to resume from: .*Too many levels of symbolic links; .*$(basename "$newest") could not be read, and no older checkpoint is taken" "$WORK/.err"
+check_all "unreadable: nothing launched, nothing called rejected or chosen" \
+    '[ "$(events "$R" launch)" -eq 0 ] && [ "$(events "$R" checkpoint_rejected)" -eq 0 ] && [ "$(events "$R" checkpoint_chosen)" -eq 0 ]'
+check "unreadable: one give_up" [ "$(events "$R" give_up)" -eq 1 ]
+
+
+# ---------------- steps an orchestrator killed with SIGKILL lost are counted
+# What such a death leaves (srun's tasks, ended by Slurm, save nothing): a
+# state.json written at the last launch (last_step 20), the trainer's log
+# at step 25, the newest checkpoint step 20. The next orchestrator resumes
+# from step 20: 5 steps recomputed. Before, state.json's 20 was all it knew:
+# "0 steps recomputed".
+R="$WORK/lost"
+expect_ok "lost: a run to step 25" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 25
+rm -rf "$R/step_00000025" && echo step_00000020 >"$R/latest"
+"$PY" -c 'import json, sys
+s = json.load(open(sys.argv[1])); s["last_step"] = 20; json.dump(s, open(sys.argv[1], "w"))' "$R/elastic/state.json"
+expect_ok "lost: the next orchestrator finishes the run" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
+    -- "$TRAIN" $TRAIN_ARGS --steps 30
+check "lost: the 5 steps past the checkpoint counted as recomputed" [ "$(summary_field "$R" steps_recomputed)" -eq 5 ]
 
 
 # What the planner and the report make of the run.

@@ -591,6 +591,31 @@ Test(elastic, the_newest_checkpoint_that_verifies_is_chosen)
     cr_assert(strstr(rejected.first, "step_00000004"), "%s", rejected.first);
 }
 
+/* A newest checkpoint the store cannot read (a shard that fails to open
+ * with a system error: ELOOP here, standing for EIO or EACCES, which root
+ * does not meet) is not damage: the choice stops there, naming it, and no
+ * older checkpoint is chosen or the newest called rejected. Before, step 4
+ * was "rejected" for the store's error and step 2 chosen, which the
+ * trainer then refused to resume from. */
+Test(elastic, a_checkpoint_the_store_cannot_read_is_not_rejected)
+{
+    small_checkpoint(dir, 2);
+    small_checkpoint(dir, 4);
+    char shard[800];
+    snprintf(shard, sizeof shard, "%s/step_00000004/shard_pp00_tp00.h5", dir);
+    cr_assert_eq(unlink(shard), 0, "%s", shard);
+    cr_assert_eq(symlink("shard_pp00_tp00.h5", shard), 0, "%s", shard); /* a loop: ELOOP on open */
+    elastic_checkpoint chosen;
+    rejected_list rejected = {0};
+    int status = elastic_choose_checkpoint(dir, 1, on_rejected, &rejected, &chosen);
+    cr_assert_eq(status, TP_ERR_IO, "%s (%s)", tp_status_name(status), tp_errmsg());
+    cr_assert_eq(rejected.count, 0, "rejected %s", rejected.first);
+    cr_assert_neq(chosen.step, 2, "an older checkpoint was chosen in its place");
+    cr_assert(strstr(tp_errmsg(), "step_00000004 could not be read, and no older checkpoint is taken"), "%s",
+              tp_errmsg());
+    cr_assert(strstr(tp_errmsg(), "shard_pp00_tp00.h5: Too many levels of symbolic links"), "%s", tp_errmsg());
+}
+
 Test(elastic, no_checkpoint_at_all_is_not_found)
 {
     elastic_checkpoint chosen;
