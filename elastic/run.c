@@ -199,7 +199,6 @@ static int state_number(const run_state *s, const cJSON *o, const char *name, do
 /* Steps and ticks: integers a double holds exactly. */
 #define EXACT_LIMIT 9007199254740992.0
 
-/* The state of an earlier orchestrator of this run, when there is one. */
 /* The furthest step of the trainer's log (open_state). */
 static void note_logged_step(void *ctx, const elastic_log_line *line)
 {
@@ -207,6 +206,7 @@ static void note_logged_step(void *ctx, const elastic_log_line *line)
     if (line->kind == ELASTIC_LOG_STEP && line->step > s->last_step) s->last_step = line->step;
 }
 
+/* The state of an earlier orchestrator of this run, when there is one. */
 static int load_state(run_state *s)
 {
     char *text = NULL;

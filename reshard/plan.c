@@ -452,11 +452,13 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
         int64_t needed = largest_block(plan, &name);
         status = tp_fail(TP_ERR_ARG,
                          "memory limit of %.1f MiB is too small: tensor %s needs at least %.1f MiB (one checksum block "
-                         "per slab, %.1f MiB, beside %.1f MiB the process and the checkpoint library keep); raise "
-                         "--memory-limit",
+                         "per slab, %.1f MiB, beside the %.1f MiB this process holds now and %.1f MiB set aside for the "
+                         "checkpoint library: HDF5's caches and one thread's scratch, an allowance, not a measure); "
+                         "raise --memory-limit",
                          (double)limit / 1048576.0, name ? name : "(none)",
                          (double)(needed + CKPT_THREAD_MEMORY + base) / 1048576.0, (double)needed / 1048576.0,
-                         (double)(CKPT_THREAD_MEMORY + base) / 1048576.0);
+                         (double)(base - CKPT_FIXED_MEMORY) / 1048576.0,
+                         (double)(CKPT_FIXED_MEMORY + CKPT_THREAD_MEMORY) / 1048576.0);
         reshard_plan_free(plan);
         return status;
     }
