@@ -269,12 +269,31 @@ int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *
 int ckpt_run_claim_share(const char *run_dir, const char *program, ckpt_run_claim **out)
 {
     *out = NULL;
-    if (store_is_remote(run_dir)) return TP_OK; /* no shared lease: an object store's writers take none */
     ckpt_run_claim *claim = calloc(1, sizeof *claim);
     if (!claim) return tp_fail(TP_ERR_NOMEM, "out of memory for a run directory's claim");
-    ckpt_lease_renewer_init(&claim->renewer, 0, renew, claim); /* never started: no lease */
+    double period = 0;
+    int status = store_is_remote(run_dir) ? ckpt_lease_period("TP_RUN_LEASE_SECONDS", LEASE_DEFAULT_SECONDS,
+                                                              LEASE_MIN_SECONDS, LEASE_MAX_SECONDS, &period)
+                                          : TP_OK;
+    ckpt_lease_renewer_init(&claim->renewer, period, renew, claim); /* never started: this claim writes no lease */
     ckpt_lease_describe_holder(program, claim->holder, sizeof claim->holder);
-    int status = lock_local(run_dir, claim->holder, STORE_LOCK_SHARED, &claim->lock);
+    if (!status && store_is_remote(run_dir)) {
+        /* An object store's lease is not shared: such a writer takes none.
+         * But a live run's lease refuses it, as a live run's lock does: a
+         * lease found there is watched until it proves dead (its holder gone
+         * from this machine, or no renewal for a period: a crashed run's) or
+         * alive (renewed). Before, `tp-reshard -o URL/step_N` beside a
+         * trainer took its `latest` over. */
+        int present = 0;
+        lease found;
+        status = tp_path_join(claim->lease_url, run_dir, LEASE_NAME);
+        if (!status) status = read_lease(claim->lease_url, &present, &found);
+        if (!status && present) status = wait_for_lease(claim, run_dir, &found);
+        claim->lease_url[0] = '\0'; /* never this claim's: never removed by it */
+        ckpt_run_claim_release(claim);
+        return status;
+    }
+    if (!status) status = lock_local(run_dir, claim->holder, STORE_LOCK_SHARED, &claim->lock);
     if (status) {
         ckpt_run_claim_release(claim);
         return status;

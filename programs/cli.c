@@ -228,8 +228,8 @@ int cli_write_output(const char *target, int replace, store_replace_check may_re
      * is written under a share of the run's claim: never into a run a live
      * trainer holds (it took `latest` over, and the trainer's next saves
      * stayed behind it), and no trainer starts there meanwhile; other such
-     * writers share it. (A local run directory: an object store's lease is
-     * not shared.) */
+     * writers share it. (In an object store, a live run's lease refuses
+     * such a writer; no lease is taken.) */
     ckpt_run_claim *claim = NULL;
     char run_dir[CKPT_PATH_MAX], name[CKPT_PATH_MAX];
     int status = TP_OK;

@@ -155,8 +155,17 @@ check "the refused trainer uploaded nothing" [ ! -e "$WORK/dav/r1/step_00000001"
 # filled in the lease's URL before being refused): a third one then took the
 # directory over and the live run ended, "its lease taken over".
 check "and left the live run's lease in place, naming the live run" sh -c "curl -s -f '$U/r1/.tp-run.lease' | grep -q '\"pid\":$first'"
+# A writer of a step into the live run: refused by its lease (it took the
+# run's `latest` over, as in a local run directory).
+expect_error "tp-ckpt synth -o a live run's step_N in an object store: refused by its lease, naming the trainer" 1 \
+    "$U/r1 is in use by tp-train \(pid $first $HOST_PATTERN.*its lease $U/r1/.tp-run.lease is renewed" \
+    "$CK" synth -o "$U/r1/step_00199999" --step 199999 --tp 1 --pp 1 --model tiny
+check "and sent nothing there" sh -c "! curl -s -f '$U/r1/step_00199999/index.json' >/dev/null && ! curl -s -f '$U/r1/latest' | grep -q 199999"
 kill -9 $first
 wait $first 2>/dev/null
+lease_of r1 | curl -s -f -T - "$U/r5/.tp-run.lease" >/dev/null
+expect_ok "a kill -9'd trainer's lease (its pid gone here) does not hold a writer back" \
+    "$CK" synth -o "$U/r5/step_00000007" --step 7 --tp 1 --pp 1 --model tiny
 expect_ok "a kill -9'd trainer's lease (its pid gone here) taken at once" \
     "$TRAIN" --model tiny --quiet --steps 4 --ckpt-every 2 --ckpt-dir "$U/r1" --ckpt-cache "$WORK/cache-b" --resume
 check "a finished run's lease is removed" sh -c "! curl -s -f '$U/r1/.tp-run.lease' >/dev/null"
