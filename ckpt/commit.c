@@ -249,15 +249,12 @@ static int piece_extents(hid_t dset, const char *name, const ckpt_piece_geometry
             status = tp_fail(TP_ERR_FORMAT, "tensor %s: contiguous data not allocated in the file", name);
         extents[0] = (ckpt_extent){(int64_t)offset, (int64_t)size, 0};
     }
+    char where[CKPT_NAME_MAX + 16];
+    snprintf(where, sizeof where, "tensor %s", name);
     for (int64_t b = 0; !status && compressed && b < n; b++) {
-        hsize_t offset[CKPT_MAX_DIMS] = {0};
-        offset[0] = (hsize_t)(b * g->block_rows);
+        uint64_t address = 0, size = 0;
         unsigned mask = 0;
-        haddr_t address = HADDR_UNDEF;
-        hsize_t size = 0;
-        if (H5Dget_chunk_info_by_coord(dset, offset, &mask, &address, &size) < 0 ||
-            address == HADDR_UNDEF || size == 0)
-            status = ckpt_fail_hdf5("tensor %s: chunk %lld missing", name, (long long)b);
+        status = ckpt_h5_chunk_location(dset, b, g->block_rows, where, &address, &size, &mask);
         extents[b] = (ckpt_extent){(int64_t)address, (int64_t)size, mask};
     }
     if (status) {

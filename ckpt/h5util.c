@@ -265,6 +265,22 @@ int ckpt_h5_check_dataset_storage(hid_t dset, const char *where)
     return TP_OK;
 }
 
+int ckpt_h5_chunk_location(hid_t dset, int64_t block, int64_t block_rows, const char *where, uint64_t *address,
+                           uint64_t *size, unsigned *filter_mask)
+{
+    hsize_t offset[CKPT_MAX_DIMS] = {0}; /* the block's first row: chunks span whole rows */
+    offset[0] = (hsize_t)(block * block_rows);
+    unsigned mask = 0;
+    haddr_t at = HADDR_UNDEF;
+    hsize_t bytes = 0;
+    if (H5Dget_chunk_info_by_coord(dset, offset, &mask, &at, &bytes) < 0 || at == HADDR_UNDEF || bytes == 0)
+        return ckpt_fail_hdf5("%s: chunk %lld missing", where, (long long)block);
+    *address = (uint64_t)at;
+    *size = (uint64_t)bytes;
+    *filter_mask = mask;
+    return TP_OK;
+}
+
 typedef struct {
     const char *path;
     int status;

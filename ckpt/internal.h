@@ -118,6 +118,11 @@ hid_t ckpt_h5_link_access(void);
  * datasets whose data lies in other files (external storage, virtual). */
 int ckpt_h5_check_links(hid_t file, const char *path);
 int ckpt_h5_check_dataset_storage(hid_t dset, const char *where);
+/* Where block `block` (rows block x block_rows on) of a chunked dataset
+ * lies in its file, its stored size and filter mask; an error naming where
+ * and the block when the chunk is not allocated. */
+int ckpt_h5_chunk_location(hid_t dset, int64_t block, int64_t block_rows, const char *where, uint64_t *address,
+                           uint64_t *size, unsigned *filter_mask);
 /* Whether a piece's dataset has the piece's stored shape (g), and whether
  * its stored type is dtype's (ckpt_h5_type): the commit and the reader
  * check both. */

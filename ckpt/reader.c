@@ -443,15 +443,10 @@ static int locate_chunks(hid_t dset, piece_runtime *pr, const char *where)
         if ((int64_t)chunk_dims[d] != g->shape[d])
             return tp_fail(TP_ERR_FORMAT, "%s: chunks do not span whole rows", where);
     for (int64_t b = 0; b < g->num_blocks; b++) {
-        hsize_t offset[CKPT_MAX_DIMS] = {0};
-        offset[0] = (hsize_t)(b * g->block_rows);
-        unsigned mask = 0;
-        haddr_t address = HADDR_UNDEF;
-        hsize_t size = 0;
-        if (H5Dget_chunk_info_by_coord(dset, offset, &mask, &address, &size) < 0 ||
-            address == HADDR_UNDEF || size == 0)
-            return ckpt_fail_hdf5("%s: chunk %lld missing", where, (long long)b);
-        pr->chunks[b] = (chunk_location){(uint64_t)address, (uint64_t)size, mask};
+        uint64_t address, size;
+        unsigned mask;
+        TP_TRY(ckpt_h5_chunk_location(dset, b, g->block_rows, where, &address, &size, &mask));
+        pr->chunks[b] = (chunk_location){address, size, mask};
     }
     return TP_OK;
 }
