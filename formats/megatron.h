@@ -233,7 +233,9 @@ typedef struct {
 /* How a source under its own names gives Megatron's tensors: the index of
  * the source's tensor for a canonical name (-1: none), and a fused QKV's
  * piece at degree tp reordered from the source's layout into Megatron's
- * (blocks of kv_channels rows of block_bytes each). */
+ * (blocks of kv_channels rows of block_bytes each; tp at most the query
+ * groups, where both pieces hold the same whole groups: the writers read a
+ * group whole where Megatron-Core cuts it between ranks). */
 typedef struct megatron_source_names {
     int (*find)(void *ctx, const char *canonical);
     void (*qkv_to_megatron)(void *ctx, int tp, const void *piece, void *out, size_t block_bytes);

@@ -128,13 +128,25 @@ static const char *key_part(const pickle_value *key, int64_t i, char *buf, size_
     return buf;
 }
 
+/* The shape of tensor t's piece in a rank file at degree tp. A fused QKV
+ * (qkv) is Megatron's even cut of its rows, [(heads + 2 groups) x
+ * kv_channels / tp, hidden]: whole groups, or a group's share where fewer
+ * groups than ranks (megatron_check_layout), whatever the source's own
+ * pieces (this toolkit's hold the key and value of fewer groups than ranks
+ * on each rank sharing them, docs/FORMAT.md replicate_small_segments). */
+static void rank_piece_shape(const ckpt_tensor_desc *t, int tp, int qkv, int64_t *shape)
+{
+    ckpt_piece_shape(t, tp, shape);
+    if (qkv) shape[0] = t->shape[0] / tp;
+}
+
 /* Emits this rank's piece of the source's tensor index (a fused QKV: qkv). */
 static int emit_tensor(rank_writer *r, int index, int qkv)
 {
     const ckpt_tensor_desc *t = ckpt_reader_tensor(r->source, index);
     int piece = t->partition.kind == CKPT_SPLIT ? r->tp_rank : 0;
     int64_t shape[CKPT_MAX_DIMS], bytes = (int64_t)tp_dtype_size(t->dtype);
-    ckpt_piece_shape(t, r->to.tp, shape);
+    rank_piece_shape(t, r->to.tp, qkv, shape);
     for (int d = 0; d < t->ndim; d++) bytes *= shape[d];
     TP_TRY(add_pending(r, (struct pending){.index = index, .piece = piece, .bytes = bytes, .rows = shape[0], .qkv = qkv}));
     return torch_writer_tensor(r->w, torch_dtype_from_tp(t->dtype), t->ndim, shape);
@@ -217,12 +229,21 @@ static int write_pending(rank_writer *r)
             TP_TRY(stream_piece(r, p));
             continue;
         }
-        TP_TRY(reserve_piece(r, p->bytes, reorder));
+        /* Fewer query groups than ranks (Megatron-Core's, megatron_check_layout):
+         * the source's piece at tp holds the rank's share of its group's
+         * query heads and the group's key and value (replicated), not
+         * Megatron's cut of the group; its piece at degree groups holds the
+         * group whole, [per_group + 2 heads, ...], of which this rank's rows
+         * are part tp_rank % share of share. */
+        int share = p->qkv && r->c->query_groups < r->to.tp ? r->to.tp / (int)r->c->query_groups : 1;
+        TP_TRY(reserve_piece(r, p->bytes * share, reorder));
         if (reorder) {
-            TP_TRY(source_read(r, reshard_read_piece(r->source, p->index, ckpt_reader_tensor(r->source, p->index), r->to.tp,
-                                                     p->piece, r->scratch, (size_t)p->bytes)));
-            r->names->qkv_to_megatron(r->names->ctx, r->to.tp, r->scratch, r->piece,
+            int degree = r->to.tp / share;
+            TP_TRY(source_read(r, reshard_read_piece(r->source, p->index, ckpt_reader_tensor(r->source, p->index), degree,
+                                                     p->piece / share, r->scratch, (size_t)(p->bytes * share))));
+            r->names->qkv_to_megatron(r->names->ctx, degree, r->scratch, r->piece,
                                       (size_t)(p->bytes / p->rows * r->c->kv_channels));
+            if (share > 1) memmove(r->piece, (char *)r->piece + (size_t)(p->piece % share * p->bytes), (size_t)p->bytes);
             TP_TRY(fill_vocabulary_padding(r, p->index, p->piece, 0, p->rows, r->piece));
         }
         else if (p->raw)
@@ -1059,10 +1080,10 @@ static const pickle_value *carried_args(const megatron_checkpoint *template, con
 }
 
 /* Stored bytes of tensor t at the target: every piece, on every rank that holds one. */
-static int64_t written_bytes(const ckpt_tensor_desc *t, int tp, int64_t *piece)
+static int64_t written_bytes(const ckpt_tensor_desc *t, int tp, int qkv, int64_t *piece)
 {
     int64_t shape[CKPT_MAX_DIMS], bytes = (int64_t)tp_dtype_size(t->dtype);
-    ckpt_piece_shape(t, tp, shape);
+    rank_piece_shape(t, tp, qkv, shape);
     for (int d = 0; d < t->ndim; d++) bytes *= shape[d];
     *piece = bytes;
     return bytes * tp; /* split: tp pieces; replicated: a copy on each rank */
@@ -1102,7 +1123,9 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
         const ckpt_tensor_desc *t = ckpt_reader_tensor(source, i);
         TP_TRY(ckpt_tensor_check(t, to.tp)); /* every piece as the source describes it */
         if (strcmp(t->role, "param") && !plan->optimizer) continue;
-        int64_t piece, bytes = written_bytes(t, to.tp, &piece);
+        const char *canonical = options->names ? options->names->canonical(options->names->ctx, i) : t->name;
+        int qkv = canonical && strstr(canonical, ".attention.qkv.") != NULL;
+        int64_t piece, bytes = written_bytes(t, to.tp, qkv, &piece);
         /* The tied embeddings' copy on the last stage, with their state. */
         const char *param = t->param ? t->param : t->name;
         if (to.pp > 1 && !c->untied && !strcmp(param, "embedding.word_embeddings.weight")) bytes *= 2;
@@ -1112,7 +1135,9 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
          * its own names is reordered whole (counted for every tensor of
          * such a source: the bound, not the exact need). */
         int64_t shape[CKPT_MAX_DIMS], buffer = piece, block = options->block_bytes > 0 ? options->block_bytes : BLOCK_BYTES;
-        ckpt_piece_shape(t, to.tp, shape);
+        rank_piece_shape(t, to.tp, qkv, shape);
+        /* A group cut between ranks is read whole (write_pending). */
+        if (options->names && qkv && c->query_groups < to.tp) buffer = piece * (to.tp / c->query_groups);
         int64_t row = shape[0] > 0 ? piece / shape[0] : 0;
         if (!options->names && row > 0) buffer = piece < block ? piece : row > block ? row : block / row * row;
         if (buffer > plan->largest_buffer) {

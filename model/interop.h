@@ -124,14 +124,31 @@ const char *gpt_megatron_unfit(const megatron_config *config);
  * accepts (a Llama when rotary and RMSNorm). */
 gpt_config gpt_megatron_model(const megatron_config *config);
 
+/* A fused QKV of heads in groups, kv_channels rows a block: Megatron's
+ * rows per group [q of its heads, k, v], this model's [q; k; v] cut over
+ * tp, the k and v of fewer groups than ranks replicated over the tp /
+ * groups ranks sharing one (docs/FORMAT.md, replicate_small_segments).
+ * This model's piece `piece` at degree tp is made from Megatron's piece
+ * *megatron_piece at the degree returned: tp where groups >= tp (the
+ * rank's whole groups), else groups (its group's rows whole, which
+ * Megatron-Core cuts between the ranks sharing it). Block j of that piece
+ * of ours, [q of the rank's heads; its keys; its values], is block
+ * gpt_megatron_qkv_block of Megatron's. groups and tp divide one another,
+ * heads divide over both (gpt_config_check). */
+int gpt_megatron_qkv_degree(int64_t groups, int tp, int piece, int *megatron_piece);
+int64_t gpt_megatron_qkv_block(int64_t heads, int64_t groups, int tp, int piece, int64_t j);
+
 /* A Megatron-LM GPT-2 as this model's checkpoint at layout tp x pp, for
  * tp-train to go on training it: its weights, and the Adam moments and
  * fp32 masters where they were read, each fused QKV regrouped from
  * Megatron's per-group [q, k, v] into [q; k; v] piece by piece; the
  * vocabulary its true size where told (megatron_set_true_vocab, padded as
- * Megatron pads), else the padded table; the iteration as the step. Refused
- * for what the trainer does not compute (gpt_megatron_unfit) and for the
- * exact GELU (openai_gelu false): the trainer computes the tanh form. */
+ * Megatron pads), else the padded table; the iteration as the step; fewer
+ * query groups than tp ranks (tp a multiple of them) as replicated
+ * key/value heads, as the trainer writes them. Refused for what the
+ * trainer does not compute (gpt_megatron_unfit), for the exact GELU
+ * (openai_gelu false: the trainer computes the tanh form) and for groups
+ * and tp that neither divide the other. */
 typedef struct gpt_megatron_import gpt_megatron_import;
 
 int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_config *model, ckpt_reader *source, int tp,

@@ -85,9 +85,13 @@ int gpt_megatron_import_open(gpt_megatron_import **out, const megatron_config *c
     snprintf(x->origin, sizeof x->origin,
              "{\"imported_from\": \"megatron\", \"source_layout\": \"tp%dpp%d\", \"iteration\": %lld}", c->tp, c->pp,
              (long long)c->stored_iteration);
+    /* Fewer query groups (a Llama's kv_heads; a GPT-2 has one per head)
+     * than ranks are replicated key/value heads, as the trainer holds them;
+     * groups and tp that neither divide the other are refused here. */
     int status = gpt_config_check(&x->config, tp, pp);
-    if (!status && c->query_groups % tp)
-        status = tp_fail(TP_ERR_LAYOUT, "%lld query groups do not divide over tp %d", (long long)c->query_groups, tp);
+    if (status)
+        tp_fail_context(status, "%s: %lld heads in %lld query groups at tp %d pp %d", ckpt_reader_path(source),
+                        (long long)c->heads, (long long)c->query_groups, tp, pp);
     if (!status) status = gpt_catalog(&x->config, c->optimizer_read, &x->catalog, &x->count);
     if (!status && !(x->source_index = calloc((size_t)x->count + 1, sizeof *x->source_index)))
         status = tp_fail(TP_ERR_NOMEM, "out of memory");
@@ -145,24 +149,48 @@ void gpt_megatron_import_close(gpt_megatron_import *x)
     free(x);
 }
 
-/* Within a piece of the fused QKV at degree tp (blocks of kv_channels
- * rows): the block of Megatron's order, per query group [q of its heads, k,
- * v], that is block j of this model's [q of the rank's heads; its keys;
- * its values]. */
-static int64_t megatron_qkv_block(int64_t heads, int64_t groups, int tp, int64_t j)
+/* Megatron lays a fused QKV out per query group, [q of its heads, k, v]
+ * (blocks of kv_channels rows); this model as [q; k; v], each cut over tp
+ * (docs/FORMAT.md), the k and v of fewer groups than ranks replicated over
+ * the tp / groups ranks that share a group (replicate_small_segments).
+ * This model's piece `piece` at degree tp, [q of the rank's heads; its keys;
+ * its values], is then read from Megatron's piece gpt_megatron_qkv_degree
+ * gives: with groups >= tp the one at tp (the rank's whole groups); with
+ * fewer groups than ranks the group's whole rows (Megatron-Core cuts a
+ * group between the ranks sharing it, and none of its pieces holds a
+ * rank's replicated key and value together with its query heads). */
+int gpt_megatron_qkv_degree(int64_t groups, int tp, int piece, int *megatron_piece)
 {
-    int64_t per_group = heads / groups, rank_groups = groups / tp, rank_heads = heads / tp;
+    if (groups >= tp) {
+        *megatron_piece = piece;
+        return tp;
+    }
+    *megatron_piece = piece / (tp / (int)groups);
+    return (int)groups;
+}
+
+int64_t gpt_megatron_qkv_block(int64_t heads, int64_t groups, int tp, int piece, int64_t j)
+{
+    int64_t per_group = heads / groups, rank_heads = heads / tp;
+    if (groups < tp) { /* the group's rows whole: the rank's share of its query heads, then its k and v */
+        int64_t first = piece % (tp / groups) * rank_heads;
+        return j < rank_heads ? first + j : per_group + (j - rank_heads);
+    }
+    int64_t rank_groups = groups / tp;
     if (j < rank_heads) return j / per_group * (per_group + 2) + j % per_group;
     if (j < rank_heads + rank_groups) return (j - rank_heads) * (per_group + 2) + per_group;
     return (j - rank_heads - rank_groups) * (per_group + 2) + per_group + 1;
 }
 
-/* A QKV piece from Megatron's order into this model's (to_megatron 0), or back. */
-static void regroup_qkv(int64_t heads, int64_t groups, int tp, const unsigned char *from, unsigned char *to, size_t block_bytes,
-                        int to_megatron)
+/* This model's QKV piece `piece` at degree tp from Megatron's rows that
+ * hold it (to_megatron 0), or back (1: tp at most groups, where the two
+ * hold the same rows). */
+static void regroup_qkv(int64_t heads, int64_t groups, int tp, int piece, const unsigned char *from, unsigned char *to,
+                        size_t block_bytes, int to_megatron)
 {
-    for (int64_t j = 0; j < heads / tp + 2 * (groups / tp); j++) {
-        int64_t block = megatron_qkv_block(heads, groups, tp, j);
+    int64_t blocks = heads / tp + 2 * (groups < tp ? 1 : groups / tp);
+    for (int64_t j = 0; j < blocks; j++) {
+        int64_t block = gpt_megatron_qkv_block(heads, groups, tp, piece, j);
         if (to_megatron) memcpy(to + (size_t)block * block_bytes, from + (size_t)j * block_bytes, block_bytes);
         else memcpy(to + (size_t)j * block_bytes, from + (size_t)block * block_bytes, block_bytes);
     }
@@ -192,19 +220,30 @@ int gpt_megatron_import_run(gpt_megatron_import *x, const import_options *option
         int64_t shape[CKPT_MAX_DIMS], bytes = (int64_t)tp_dtype_size(t->desc.dtype);
         ckpt_piece_shape(&t->desc, x->to.tp, shape);
         for (int d = 0; d < t->desc.ndim; d++) bytes *= shape[d];
-        if (!status && (size_t)bytes > capacity) {
+        /* A QKV is read as Megatron's piece that holds ours: with fewer
+         * groups than ranks a group's rows, [per_group + 2 heads, ...],
+         * more than our piece's [heads / tp + 2 heads, ...]. */
+        int megatron_piece, degree = qkv ? gpt_megatron_qkv_degree(x->c->query_groups, x->to.tp, 0, &megatron_piece) : x->to.tp;
+        int64_t read_shape[CKPT_MAX_DIMS], read_bytes = (int64_t)tp_dtype_size(t->desc.dtype);
+        ckpt_piece_shape(&read, degree, read_shape);
+        for (int d = 0; d < read.ndim; d++) read_bytes *= read_shape[d];
+        int64_t largest = read_bytes > bytes ? read_bytes : bytes;
+        if (!status && (size_t)largest > capacity) {
             free(piece);
             free(grouped);
-            piece = alloc_pages((size_t)bytes);
-            grouped = alloc_pages((size_t)bytes);
-            capacity = (size_t)bytes;
-            if (!piece || !grouped) status = tp_fail(TP_ERR_NOMEM, "out of memory for a piece of %lld bytes", (long long)bytes);
+            piece = alloc_pages((size_t)largest);
+            grouped = alloc_pages((size_t)largest);
+            capacity = (size_t)largest;
+            if (!piece || !grouped) status = tp_fail(TP_ERR_NOMEM, "out of memory for a piece of %lld bytes", (long long)largest);
         }
         for (int p = 0; p < ckpt_piece_count(&t->desc, x->to.tp) && !status; p++) {
             if (!ckpt_writer_owns_piece(w, id, p)) continue;
-            status = reshard_read_piece(x->source, x->source_index[i], &read, x->to.tp, p, qkv ? grouped : piece, (size_t)bytes);
+            if (qkv) gpt_megatron_qkv_degree(x->c->query_groups, x->to.tp, p, &megatron_piece);
+            else megatron_piece = p;
+            status = reshard_read_piece(x->source, x->source_index[i], &read, degree, megatron_piece, qkv ? grouped : piece,
+                                        (size_t)(qkv ? read_bytes : bytes));
             if (!status && qkv)
-                regroup_qkv(x->c->heads, x->c->query_groups, x->to.tp, grouped, piece,
+                regroup_qkv(x->c->heads, x->c->query_groups, x->to.tp, p, grouped, piece,
                             (size_t)(bytes / shape[0] * x->c->kv_channels), 0);
             if (!status) status = ckpt_writer_put_piece(w, id, p, piece);
             if (!status && options->on_bytes) options->on_bytes(options->progress_ctx, bytes);
@@ -253,7 +292,7 @@ static const char *canonical_of(void *ctx, int index)
 static void qkv_to_megatron(void *ctx, int tp, const void *piece, void *out, size_t block_bytes)
 {
     const source_names *n = ctx;
-    regroup_qkv(n->config.heads, n->config.kv_heads, tp, piece, out, block_bytes, 1);
+    regroup_qkv(n->config.heads, n->config.kv_heads, tp, 0, piece, out, block_bytes, 1);
 }
 
 /* The model of a checkpoint of this model as Megatron describes it, and

@@ -7,6 +7,7 @@
  * out independently of the code under test. */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../../model/interop.h"
@@ -431,3 +432,63 @@ Test(interop, a_config_key_given_twice_is_refused)
     cr_assert(strstr(tp_errmsg(), "c.json: key rope_theta appears twice"), "%s", tp_errmsg());
 }
 #undef LLAMA_KEYS
+
+/* A fused QKV's heads (blocks of kv_channels rows) as labels: query head h
+ * is h, group g's key heads + g, its value heads + groups + g. */
+static int64_t megatron_label(int64_t heads, int64_t groups, int64_t block)
+{
+    int64_t per_group = heads / groups, g = block / (per_group + 2), k = block % (per_group + 2);
+    return k < per_group ? g * per_group + k : k == per_group ? heads + g : heads + groups + g;
+}
+
+/* This model's QKV piece of each rank, block by block (ckpt_piece_runs on
+ * the catalogue's description: the partition code that writes the
+ * trainer's checkpoints, replicated key/value heads included), equals the
+ * block of Megatron's piece that gpt_megatron_qkv_degree and
+ * gpt_megatron_qkv_block name, Megatron's rows being per group [q of its
+ * heads, k, v] cut evenly (whole groups; a group whole where fewer groups
+ * than ranks). Labels are worked out here from Megatron's layout. */
+Test(megatron_qkv, every_block_of_every_rank_from_megatrons_rows)
+{
+    const int64_t cases[][3] = {{4, 4, 1}, {4, 2, 2}, {4, 2, 4}, {8, 2, 8}, {8, 4, 2}, {8, 8, 4},
+                                {6, 2, 6}, {12, 3, 6}, {8, 1, 4}, {16, 4, 8}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t heads = cases[c][0], groups = cases[c][1], hd = 4;
+        int tp = (int)cases[c][2];
+        gpt_config config = {.arch = GPT_ARCH_LLAMA, .layers = 1, .dim = heads * hd, .heads = heads,
+                             .kv_heads = groups, .vocab = 8, .seq = 4, .ffn = 48, .dtype = TP_FP32};
+        gpt_config_defaults(&config);
+        cr_assert_eq(gpt_config_check(&config, tp, 1), TP_OK, "%s", tp_errmsg());
+        gpt_tensor *catalog = NULL;
+        int count = 0;
+        cr_assert_eq(gpt_catalog(&config, 0, &catalog, &count), TP_OK, "%s", tp_errmsg());
+        const ckpt_tensor_desc *qkv = NULL;
+        for (int i = 0; i < count; i++)
+            if (catalog[i].kind == GPT_QKV_WEIGHT) qkv = &catalog[i].desc;
+        cr_assert_not_null(qkv);
+        for (int rank = 0; rank < tp; rank++) {
+            ckpt_run runs[16];
+            int64_t n = ckpt_piece_runs(qkv, tp, rank, runs, 16), j = 0;
+            cr_assert_gt(n, 0);
+            int megatron_piece = -1, degree = gpt_megatron_qkv_degree(groups, tp, rank, &megatron_piece);
+            cr_assert(degree == (groups < tp ? groups : tp) && megatron_piece == rank / (tp / degree),
+                      "heads %lld groups %lld tp %d rank %d: degree %d piece %d", (long long)heads, (long long)groups, tp,
+                      rank, degree, megatron_piece);
+            int64_t first = megatron_piece * ((heads + 2 * groups) / degree); /* Megatron's piece: an even cut */
+            for (int64_t r = 0; r < n; r++) {
+                cr_assert_geq(runs[r].logical_start, 0);
+                for (int64_t row = 0; row < runs[r].length; row += hd, j++) {
+                    int64_t ours = (runs[r].logical_start + row) / hd; /* [q; k; v]: head, group, group */
+                    int64_t block = gpt_megatron_qkv_block(heads, groups, tp, rank, j);
+                    cr_assert(block >= 0 && block < (heads + 2 * groups) / degree);
+                    cr_assert_eq(megatron_label(heads, groups, first + block), ours,
+                                 "heads %lld groups %lld tp %d rank %d block %lld: Megatron's %lld is %lld, ours %lld",
+                                 (long long)heads, (long long)groups, tp, rank, (long long)j, (long long)(first + block),
+                                 (long long)megatron_label(heads, groups, first + block), (long long)ours);
+                }
+            }
+            cr_assert_eq(j, heads / tp + 2 * (groups < tp ? 1 : groups / tp));
+        }
+        free(catalog);
+    }
+}
