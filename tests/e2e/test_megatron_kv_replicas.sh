@@ -18,10 +18,7 @@ RS="$BIN/tp-reshard"
 FIXTURE="$ROOT/tests/support/megatron_fixture.py"
 DIST="$ROOT/tests/support/megatron_dist_fixture.py"
 
-if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
-    echo "[SKIP] [$NAME] python3-torch is not installed"
-    finish
-fi
+skip_without_python 'torch, numpy' "python3-torch is not installed"
 use_open_mpi
 
 "$PY" - "$WORK/tokens.bin" 4200 <<'PYEOF'
