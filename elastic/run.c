@@ -95,6 +95,7 @@ typedef struct {
     double last_prune;      /* now_seconds() of the last --keep pass */
     char **kept;            /* checkpoints --keep left to their readers, each said once */
     int kept_count;
+    char capacity_error[512]; /* why the capacity could not be read during a launch, said once; "" once read */
 } run_state;
 
 /* Appends the event (the object is consumed) and hands it to the caller. */
@@ -691,7 +692,19 @@ static int device_full(const char *path)
 static int capacity_changed(run_state *s, const elastic_layout *l, int *world_out)
 {
     elastic_capacity now;
-    if (elastic_capacity_read(&s->o->capacity, &now) != TP_OK) return 0; /* unreadable for now: keep going */
+    if (elastic_capacity_read(&s->o->capacity, &now) != TP_OK) {
+        /* Unreadable for now (a world file being rewritten, a typo): the
+         * launch goes on at the capacity it has, and the error is an event
+         * once, so that a mistake is not waited out in silence. */
+        if (strncmp(s->capacity_error, tp_errmsg(), sizeof s->capacity_error - 1) != 0) {
+            snprintf(s->capacity_error, sizeof s->capacity_error, "%s", tp_errmsg());
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "why", s->capacity_error);
+            emit(s, "capacity_unreadable", e);
+        }
+        return 0;
+    }
+    s->capacity_error[0] = '\0';
     *world_out = now.world;
     elastic_layout next;
     int ranks = ranks_planned(s, &now, &next);

@@ -191,6 +191,33 @@ wait $watcher
 check "below --min-world: one wait for capacity" [ "$(events "$R" waiting_for_capacity)" -eq 1 ]
 check "below --min-world: never launched at 1 rank" sh -c "! grep -q '\"ranks\":1[,}]' '$R/elastic/events.jsonl'"
 check "below --min-world: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+# A world file that cannot be read while a launch runs (rewritten with a
+# typo, "2x"): the launch goes on at its capacity, and the error is one
+# event (it was waited out in silence).
+R="$WORK/typo"
+echo 2 >"$WORK/world.typo"
+mkdir -p "$R/elastic"
+(
+    n=0
+    while ! grep -q '"event":"launch"' "$R/elastic/events.jsonl" 2>/dev/null && [ $n -lt 600 ]; do sleep 0.05; n=$((n + 1)); done
+    echo 2x >"$WORK/world.typo"
+    n=0
+    while ! grep -q '"event":"capacity_unreadable"' "$R/elastic/events.jsonl" 2>/dev/null && [ $n -lt 600 ]; do
+        sleep 0.05
+        n=$((n + 1))
+    done
+    echo 2 >"$WORK/world.typo"
+) &
+watcher=$!
+expect_ok "a world file rewritten with a typo during a launch: the run finishes" "$ELASTIC" run --ckpt-dir "$R" \
+    --world-file "$WORK/world.typo" $FAST -- "$TRAIN" --model tiny --quiet --global-batch 4 --steps 4 --ckpt-every 2 \
+    --fault slow-steps --fault-step 1
+wait $watcher
+check "the typo: one capacity_unreadable event" [ "$(events "$R" capacity_unreadable)" -eq 1 ]
+check "the typo: the event names the file and what it holds" \
+    grep -q "world.typo: expected the number of ranks.*got '2x.*\"event\":\"capacity_unreadable\"" "$R/elastic/events.jsonl"
+check "the typo: no scale change" [ "$(events "$R" scale_change)" -eq 0 ]
+
 echo 1 >"$WORK/world.one"
 expect_error "capacity never reaches --min-world: gives up after --capacity-wait" 1 "capacity stayed below --min-world 2" \
     "$ELASTIC" run --ckpt-dir "$WORK/starved" --world-file "$WORK/world.one" --min-world 2 --capacity-wait 1 $FAST \
