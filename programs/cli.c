@@ -233,8 +233,15 @@ int cli_write_output(const char *target, int replace, store_replace_check may_re
     ckpt_run_claim *claim = NULL;
     char run_dir[CKPT_PATH_MAX], name[CKPT_PATH_MAX];
     int status = TP_OK;
-    if (update_latest && tp_split_path(target, run_dir, sizeof run_dir, name, sizeof name) == TP_OK)
-        status = ckpt_run_claim_share(run_dir, program_invocation_short_name, &claim);
+    if (update_latest && tp_split_path(target, run_dir, sizeof run_dir, name, sizeof name) == TP_OK) {
+        /* Said as any output's missing parent is (store_stage), not as the
+         * claim's lock file that cannot be made in it. */
+        store_stat parent = {0};
+        if (!ckpt_is_remote(target)) status = store_posix()->stat(store_posix(), run_dir, &parent);
+        if (!status && !ckpt_is_remote(target) && !parent.exists)
+            status = tp_fail(TP_ERR_NOT_FOUND, "%s: parent directory %s does not exist", target, run_dir);
+        if (!status) status = ckpt_run_claim_share(run_dir, program_invocation_short_name, &claim);
+    }
     if (!status) status = write(ctx, local);
     ckpt_upload_options upload;
     ckpt_upload_options_init(&upload);

@@ -19,6 +19,7 @@ RS="$BIN/tp-reshard"
 TRAIN="$BIN/tp-train"
 
 expect_ok "a tiny checkpoint" "$CK" synth -o "$WORK/ck" --tp 1 --pp 1 --model tiny
+expect_ok "its Hugging Face export" "$CK" export "$WORK/ck" --format safetensors -o "$WORK/hf0"
 
 # ------------------------------------------------------------ numbers
 # Each was taken before: strtoll and strtod skip blanks and take '+' (and
@@ -169,6 +170,22 @@ for value in 0 abc -5 "1 0"; do
 done
 expect_error "TP_REMOTE_RETRIES=many: refused, named" 1 "TP_REMOTE_RETRIES=many: expected a whole number in 0..100" \
     env TP_REMOTE_RETRIES=many "$CK" info http://127.0.0.1:9/ck
+
+# ------------------------------------------- a run directory not made
+# An output named RUN/step_N in a RUN that does not exist (docs/EXPORT.md's
+# import to runs/finetune/step_00000000, before the mkdir) said
+# 'RUN/.tp-run.lock: cannot open: No such file or directory', where any
+# other output names its missing parent directory.
+expect_error "synth to a step_N of no run directory: the parent named" 1 \
+    "^tp-ckpt: error: $WORK/norun/step_00000000: parent directory $WORK/norun does not exist" \
+    "$CK" synth -o "$WORK/norun/step_00000000" --tp 1 --pp 1 --model tiny
+expect_error "import to a step_N of no run directory: the parent named" 1 \
+    "^tp-ckpt: error: $WORK/norun/step_00000000: parent directory $WORK/norun does not exist" \
+    "$CK" import "$WORK/hf0" -o "$WORK/norun/step_00000000" --tp 1 --pp 1
+expect_error "tp-reshard to a step_N of no run directory: the parent named" 1 \
+    "^tp-reshard: error: $WORK/norun/step_00000000: parent directory $WORK/norun does not exist" \
+    "$RS" "$WORK/ck" --to tp1 -o "$WORK/norun/step_00000000"
+check "nothing made for them" [ ! -e "$WORK/norun" ]
 
 # ------------------------------------------------- documented options
 expect_ok "every option in --help and docs/TOOLS.md, and no other" \
