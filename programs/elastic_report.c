@@ -432,8 +432,8 @@ int elastic_report_main(int argc, char **argv)
     if (!status) {
         fprintf(g, "set terminal %s\nset output '%s'\n", svg ? "svg size 1000,600 dynamic" : "png size 1000,600",
                 picture);
-        fprintf(g, "set title 'loss over steps, %d launches'\nset xlabel 'step'\nset ylabel 'loss'\nset key top right\n",
-                losses.launches);
+        fprintf(g, "set title 'loss over steps, %d launch%s'\nset xlabel 'step'\nset ylabel 'loss'\nset key top right\n",
+                losses.launches, losses.launches == 1 ? "" : "es");
         write_marks(events, &losses, g);
         fprintf(g, "plot");
         for (int b = 0; b < losses.blocks; b++)
@@ -448,7 +448,7 @@ int elastic_report_main(int argc, char **argv)
     if (!status) status = store_staged_publish(staged); /* synced, then renamed; removed on failure */
     else store_staged_discard(staged);
     if (!status) {
-        printf("%s: loss curve of %d launches\n", output, losses.launches);
+        printf("%s: loss curve of %d launch%s\n", output, losses.launches, losses.launches == 1 ? "" : "es");
         if (losses.first_nonfinite >= 0)
             fprintf(stderr, "%s: warning: the loss went non-finite at step %lld (launch %d): %lld of %lld steps "
                     "logged have no finite loss and are not drawn\n", PROGRAM, (long long)losses.first_nonfinite,

@@ -255,9 +255,10 @@ int elastic_run_main(int argc, char **argv)
     if (p.terminal) fputs("\r\033[K", stderr);
     double lost = 0;
     for (int i = 0; i < 5; i++) lost += s.lost_seconds[i];
-    printf("%s at step %lld: %d launches, %d restarts, %d scale changes, %lld steps recomputed\n",
-           s.finished ? "finished" : "stopped", (long long)s.step, s.launches, s.restarts, s.scale_changes,
-           (long long)s.steps_recomputed);
+    printf("%s at step %lld: %d launch%s, %d restart%s, %d scale change%s, %lld step%s recomputed\n",
+           s.finished ? "finished" : "stopped", (long long)s.step, s.launches, s.launches == 1 ? "" : "es", s.restarts,
+           s.restarts == 1 ? "" : "s", s.scale_changes, s.scale_changes == 1 ? "" : "s", (long long)s.steps_recomputed,
+           s.steps_recomputed == 1 ? "" : "s");
     printf("wall %.1f s, lost %.1f s (", s.wall_seconds, lost);
     for (int i = 0; i < 5; i++) printf("%s%s %.1f s", i ? ", " : "", elastic_lost_names[i], s.lost_seconds[i]);
     printf("), effective training time %.1f%%\n", s.wall_seconds > 0 ? 100 * s.training_seconds / s.wall_seconds : 0);

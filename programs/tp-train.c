@@ -658,7 +658,14 @@ static void print_summary(const train_outcome *out, const reporter *p, int64_t g
                "no checkpoint written\n", (long long)out->step, (long long)o->stop_at);
     else if (out->end == TRAIN_STOPPED)
         printf("stopped after step %lld%s\n", (long long)out->step, o->ckpt_dir ? "; checkpoint committed" : "");
-    if (out->steps_run == 0) return;
+    if (out->steps_run == 0) {
+        /* Resumed at --steps or past it: nothing to train, said rather than
+         * an exit 0 without a word. */
+        if (out->end != TRAIN_STOPPED)
+            printf("done: nothing to train: the run resumed at step %lld, and --steps is %lld\n", (long long)out->step,
+                   (long long)o->steps);
+        return;
+    }
     double tokens_per_second = (double)(out->steps_run * global_batch * o->seq) / out->seconds;
     printf("done: %lld steps in %.2f s (%.0f tokens/s", (long long)out->steps_run, out->seconds, tokens_per_second);
     if (mfu(p, tokens_per_second) >= 0) printf(", MFU %.1f%% of %s", 100 * mfu(p, tokens_per_second), p->device);

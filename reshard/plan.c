@@ -450,15 +450,17 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
     if (threads < 1) {
         const char *name;
         int64_t needed = largest_block(plan, &name);
+        char given[32], total[32], block[32], held[32], reserve[32];
+        format_bytes((double)limit, given, sizeof given);
+        format_bytes((double)(needed + CKPT_THREAD_MEMORY + base), total, sizeof total);
+        format_bytes((double)needed, block, sizeof block);
+        format_bytes((double)(base - CKPT_FIXED_MEMORY), held, sizeof held);
+        format_bytes((double)(CKPT_FIXED_MEMORY + CKPT_THREAD_MEMORY), reserve, sizeof reserve);
         status = tp_fail(TP_ERR_ARG,
-                         "memory limit of %.1f MiB is too small: tensor %s needs at least %.1f MiB (one checksum block "
-                         "per slab, %.1f MiB, beside the %.1f MiB this process holds now and %.1f MiB set aside for the "
-                         "checkpoint library: HDF5's caches and one thread's scratch, an allowance, not a measure); "
-                         "raise --memory-limit",
-                         (double)limit / 1048576.0, name ? name : "(none)",
-                         (double)(needed + CKPT_THREAD_MEMORY + base) / 1048576.0, (double)needed / 1048576.0,
-                         (double)(base - CKPT_FIXED_MEMORY) / 1048576.0,
-                         (double)(CKPT_FIXED_MEMORY + CKPT_THREAD_MEMORY) / 1048576.0);
+                         "memory limit of %s is too small: tensor %s needs at least %s (one checksum block per slab, "
+                         "%s, beside the %s this process holds now and %s set aside for the checkpoint library: "
+                         "HDF5's caches and one thread's scratch, an allowance, not a measure); raise --memory-limit",
+                         given, name ? name : "(none)", total, block, held, reserve);
         reshard_plan_free(plan);
         return status;
     }

@@ -214,7 +214,7 @@ expect_error "--device cuda without a GPU" 1 "--device cuda: (no CUDA device is 
 expect_error "bad --to" 2 "layout 'tp0' not understood" "$RS" "$WORK/src" --to tp0
 expect_error "missing --to" 2 "--to is required" "$RS" "$WORK/src"
 expect_error "bad memory limit" 2 "--memory-limit expects" "$RS" "$WORK/src" --to tp2 --memory-limit lots
-expect_error "memory limit too small" 1 "memory limit of .* is too small: tensor (model|optim)/[^ ?]+ needs at least [0-9.]+ MiB \(one checksum block per slab, [0-9.]+ MiB, beside the [0-9.]+ MiB this process holds now and 44.0 MiB set aside for the checkpoint library: .*an allowance, not a measure\)" "$RS" "$WORK/src" --to tp2 -o "$WORK/x8" --memory-limit 1M
+expect_error "memory limit too small" 1 "memory limit of .* is too small: tensor (model|optim)/[^ ?]+ needs at least [0-9.]+ MiB \(one checksum block per slab, [0-9.]+ [KM]iB, beside the [0-9.]+ MiB this process holds now and 44.00 MiB set aside for the checkpoint library: .*an allowance, not a measure\)" "$RS" "$WORK/src" --to tp2 -o "$WORK/x8" --memory-limit 1M
 expect_ok "--help" "$RS" --help
 
 # A file system that refuses the first byte (a full disk; here a file-size

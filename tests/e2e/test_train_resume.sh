@@ -31,6 +31,10 @@ steps_from "$WORK/straight.jsonl" 9 12 >"$WORK/straight-9-12.jsonl"
 check "resumed from step 8: the straight run's losses bit for bit" losses_match "$WORK/from8.jsonl" "$WORK/straight-9-12.jsonl" 0
 expect_ok "resume at tp2" mpi_train 2 $TINY --tp 2 --steps 20 --ckpt-dir "$WORK/run" --resume --log "$WORK/split.jsonl"
 check "resumed run has the straight run's losses bit for bit" losses_match "$WORK/split.jsonl" "$WORK/straight.jsonl" 0
+# Resumed at --steps: nothing to train, said (it exited 0 without a word).
+run "$TRAIN" --model tiny --micro-batch 2 --steps 20 --ckpt-dir "$WORK/run" --resume
+check_all "resumed at --steps: exit 0, 'nothing to train' (exit $RC)" \
+    '[ $RC -eq 0 ] && grep -q "^done: nothing to train: the run resumed at step 20, and --steps is 20$" "$WORK/.out"'
 expect_ok "tp-ckpt info --json of the final checkpoint" "$BIN/tp-ckpt" info --json "$WORK/run"
 check "training state: step 20, 40 samples consumed" "$PY" -c '
 import json, sys
