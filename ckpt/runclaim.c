@@ -12,7 +12,9 @@
  * holder every period/4 seconds (a counter, so that no two machines' clocks
  * are compared). A lease found there is live while it changes; it is taken
  * over only when provably dead: its holder is a process of this machine
- * that no longer exists, or it stayed unchanged for a whole period. A
+ * that no longer exists, or it stayed unchanged for a whole period (its
+ * holder's, as the lease records it in period_seconds, when longer than the
+ * watcher's own). A
  * lease is written, then read back after a pause, so that of two writers
  * starting at once the one whose lease was overwritten sees it and gives
  * way. The run's local cache directory is locked as a local run directory
@@ -99,6 +101,7 @@ typedef struct {
     char host[64];
     long pid;
     int64_t renewals;
+    double period; /* its holder's period_seconds (renewed every quarter of it); 0: not said */
 } lease;
 
 int ckpt_read_json_if_present(const char *path, int64_t max_bytes, int *found, cJSON **out)
@@ -143,6 +146,11 @@ static int read_lease(const char *url, int *found, lease *out)
     snprintf(out->host, sizeof out->host, "%s", host->valuestring);
     out->pid = (long)pid->valuedouble;
     out->renewals = (int64_t)renewals->valuedouble;
+    /* Written by every holder since the lease had one; a number out of
+     * range is taken as not said (the watcher's own period then). */
+    const cJSON *period = cJSON_GetObjectItemCaseSensitive(json, "period_seconds");
+    if (cJSON_IsNumber(period) && period->valuedouble >= LEASE_MIN_SECONDS && period->valuedouble <= LEASE_MAX_SECONDS)
+        out->period = period->valuedouble;
     cJSON_Delete(json);
     *found = 1;
     return TP_OK;
@@ -173,23 +181,35 @@ static int holder_gone(const lease *l)
     return store_process_gone(l->host, l->pid);
 }
 
+/* The seconds a lease found there lives without renewal: its holder's
+ * period where it says one (the holder renews every quarter of it, however
+ * this process's TP_RUN_LEASE_SECONDS is set), never less than this
+ * claim's own. */
+static double lease_lifetime(const ckpt_run_claim *claim, const lease *l)
+{
+    return l->period > claim->renewer.period ? l->period : claim->renewer.period;
+}
+
 static int refuse(const ckpt_run_claim *claim, const char *run_dir, const lease *l)
 {
     return tp_fail(TP_ERR_EXISTS, "%s is in use by %s: one run per directory (its lease %s is renewed; a "
                    "crashed run's lease lapses %.0f s after its last renewal)", run_dir, l->holder,
-                   claim->lease_url, claim->renewer.period);
+                   claim->lease_url, lease_lifetime(claim, l));
 }
 
 /* Waits until a lease found there proves dead (its holder gone, or no
- * renewal for a whole period) or alive (renewed: refused). */
+ * renewal for a whole period of its holder's) or alive (renewed:
+ * refused). Watched for this claim's own period only, a holder of a
+ * longer one (renewing every quarter of it) was taken for dead between
+ * two renewals. */
 static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const lease *found)
 {
-    double start = now_seconds();
+    double start = now_seconds(), lifetime = lease_lifetime(claim, found);
     lease seen = *found;
     for (;;) {
         if (holder_gone(&seen)) return TP_OK;
-        if (now_seconds() - start > claim->renewer.period) return TP_OK; /* no renewal for a period */
-        sleep_seconds(claim->renewer.period / 8);
+        if (now_seconds() - start > lifetime) return TP_OK; /* no renewal for a period */
+        sleep_seconds(claim->renewer.period / 8); /* a renewal seen soon, however long the lifetime */
         int present = 0;
         lease now;
         TP_TRY(read_lease(claim->lease_url, &present, &now));

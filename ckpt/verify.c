@@ -25,8 +25,12 @@ typedef struct {
      * bodies, no answer: store_requests_given_up grew), the pieces left are
      * not asked for: each would wait through the same retries, minutes of
      * backoff from a server that answers none, to be said unreadable all
-     * the same. One object refused (a 403: no retry) stops nothing. */
-    long given_up_before;
+     * the same. One object refused (a 403: no retry) stops nothing. Told
+     * by the count growing while the failed piece was checked (another
+     * thread of the process, a lease's renewal or an upload, gives up on
+     * requests of its own), and only for a checkpoint in a store: a local
+     * one's pieces never wait on one. */
+    int remote;
     atomic_int store_failed;
 } verify_job;
 
@@ -49,10 +53,11 @@ static int verify_one(void *ctx, int64_t i, int thread)
         if (job->options->progress) job->options->progress(job->options->progress_ctx, check->bytes);
         return TP_OK;
     }
+    long given_up_before = store_requests_given_up();
     check->status = ckpt_reader_verify_piece(job->reader, check->tensor, check->piece);
     if (!check->status) check->status = ckpt_reader_check_padding(job->reader, check->tensor, check->piece);
     if (!check->status) check->status = ckpt_reader_check_replicas(job->reader, check->tensor, check->piece);
-    if (check->status && store_requests_given_up() > job->given_up_before) atomic_store(&job->store_failed, 1);
+    if (check->status && job->remote && store_requests_given_up() > given_up_before) atomic_store(&job->store_failed, 1);
     if (check->status) snprintf(check->message, sizeof check->message, "%s", tp_errmsg());
     if (job->options->progress) job->options->progress(job->options->progress_ctx, check->bytes);
     return TP_OK; /* keep going: every damaged piece is reported */
@@ -67,7 +72,7 @@ int ckpt_verify(ckpt_reader *r, const ckpt_verify_options *options, ckpt_verify_
     int tensors = ckpt_reader_num_tensors(r);
     for (int t = 0; t < tensors; t++) out->pieces += ckpt_piece_count(ckpt_reader_tensor(r, t), layout->tp);
     verify_job job = {r, calloc((size_t)out->pieces + 1, sizeof *job.checks), options,
-                      store_requests_given_up(), 0};
+                      store_is_remote(ckpt_reader_path(r)), 0};
     if (!job.checks) return tp_fail(TP_ERR_NOMEM, "%s: out of memory verifying", ckpt_reader_path(r));
     int64_t k = 0;
     for (int t = 0; t < tensors; t++)

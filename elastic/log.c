@@ -67,17 +67,17 @@ int elastic_log_read(elastic_log_follower *f, void (*visit)(void *ctx, const ela
     /* Complete lines only: a line the trainer is still writing waits in
      * `partial` for its end. A line longer than the buffer is dropped. */
     char chunk[4096];
-    size_t n;
+    size_t n, used = strlen(f->partial); /* partial's length, kept as it grows (not measured each byte) */
     while ((n = fread(chunk, 1, sizeof chunk, file)) > 0) {
         f->offset += (int64_t)n;
         for (size_t i = 0; i < n; i++) {
-            size_t used = strlen(f->partial);
             if (chunk[i] == '\n') {
                 parse_line(f->partial, visit, ctx);
                 f->partial[0] = '\0';
+                used = 0;
             } else if (used + 1 < sizeof f->partial) {
-                f->partial[used] = chunk[i];
-                f->partial[used + 1] = '\0';
+                f->partial[used++] = chunk[i];
+                f->partial[used] = '\0';
             }
         }
     }

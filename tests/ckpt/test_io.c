@@ -13,6 +13,7 @@
 
 #include "../../ckpt/ckpt.h"
 #include "../../ckpt/commit.h"
+#include "../../store/store.h"
 #include "../support/fixture.h"
 
 TestSuite(io, .init = make_dir, .fini = remove_dir);
@@ -248,6 +249,65 @@ Test(io, verify_lists_every_damaged_piece)
         cr_assert(strstr(d->message, name), "%s", d->message);
     }
     cr_assert_neq(result.damage[0].tensor, result.damage[1].tensor);
+    ckpt_verify_result_free(&result);
+    ckpt_reader_close(r);
+}
+
+/* The first progress call: a request to an object store given up on
+ * (nothing listens on port 1, and TP_REMOTE_RETRIES=0), as a thread of the
+ * process other than verify's makes one (a lease's renewal, an upload). */
+static void give_up_once(void *ctx, int64_t bytes)
+{
+    (void)bytes;
+    int *done = ctx;
+    if (*done) return;
+    *done = 1;
+    char *text = NULL;
+    int64_t size = 0;
+    cr_assert_neq(store_read_text_file("http://127.0.0.1:1/tp-test/lease", 1024, &text, &size), TP_OK);
+    free(text);
+}
+
+/* verify's early stop (a store that failed a piece through every retry) is
+ * a remote checkpoint's, decided by what failed the piece: a request given
+ * up on elsewhere in the process (before: any since verify began) made a
+ * local checkpoint's later pieces "not read: the store failed", as damage,
+ * once one piece was damaged. */
+Test(io, verify_early_stop_ignores_other_requests)
+{
+    setenv("TP_REMOTE_RETRIES", "0", 1);
+    char path[600], shard[700];
+    snprintf(path, sizeof path, "%s/step_00000001", dir);
+    ckpt_layout layout = {2, 1, 1, 2, 1};
+    static uint8_t data[3][64 * 64 * 4];
+    for (size_t b = 0; b < sizeof data; b++) ((uint8_t *)data)[b] = (uint8_t)(b * 13);
+    test_tensor t[3];
+    memset(t, 0, sizeof t);
+    for (int i = 0; i < 3; i++) {
+        snprintf(t[i].name, sizeof t[i].name, "model/%c.weight", 'a' + i);
+        t[i].desc = (ckpt_tensor_desc){.name = t[i].name, .dtype = TP_FP32, .ndim = 2, .shape = {64, 64},
+                                       .anchor = CKPT_ANCHOR_LAYER, .layer = 1};
+        t[i].desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 0, 0};
+        t[i].logical = data[i];
+    }
+    write_tensors(path, &layout, t, 3, 0, 1);
+    snprintf(shard, sizeof shard, "%s/shard_pp00_tp00.h5", path);
+    flip_byte(shard, data_offset(shard, "model/b.weight") + 100);
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
+    long before = store_requests_given_up();
+    int done = 0;
+    ckpt_verify_options options = {1, give_up_once, &done};
+    ckpt_verify_result result;
+    cr_assert_eq(ckpt_verify(r, &options, &result), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(store_requests_given_up(), before + 1, "the premise: a request given up on during verify");
+    cr_assert_eq(result.pieces, 6);
+    for (int64_t i = 0; i < result.damaged; i++)
+        cr_assert(!strstr(result.damage[i].message, "not read"), "piece %d of %s: %s", result.damage[i].piece,
+                  ckpt_reader_tensor(r, result.damage[i].tensor)->name, result.damage[i].message);
+    cr_assert_eq(result.damaged, 1, "the damaged piece alone");
+    cr_assert_eq(result.damage[0].status, TP_ERR_CHECKSUM);
+    cr_assert(strstr(result.damage[0].message, "model/b.weight"), "%s", result.damage[0].message);
     ckpt_verify_result_free(&result);
     ckpt_reader_close(r);
 }

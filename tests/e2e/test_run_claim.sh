@@ -180,6 +180,26 @@ expect_ok "a stale lease of another machine is taken after a period without rene
 waited=$((($(date +%s%N) - start) / 1000000))
 check "it waited a whole period (${waited} ms >= 3000) before taking it" [ $waited -ge 3000 ]
 
+# A lease is watched for the period its holder renews by (its
+# period_seconds), not the watcher's own TP_RUN_LEASE_SECONDS: another
+# machine's trainer at 20 s renews every 5 s, and a writer at 3 s gave up
+# watching after 3 s and wrote beside the live run. Renewed 4.5 s in here.
+put_far_lease() {
+    curl -s -f -T - "$U/$1/.tp-run.lease" >/dev/null <<EOF
+{"owner":"far-2-0","holder":"tp-train (pid 8 on host far-slow, since 2026-01-01T00:00:00Z)","host":"far-slow","pid":8,"renewals":$2,"period_seconds":20}
+EOF
+}
+put_far_lease r6 1
+"$CK" synth -o "$U/r6/step_00000003" --step 3 --tp 1 --pp 1 --model tiny >"$WORK/r6.out" 2>&1 &
+writer=$!
+sleep 4.5
+put_far_lease r6 2
+wait $writer
+rc=$?
+check_all "a writer watches a lease for the lease's own period (20 s), not its own (3 s): refused (exit $rc)" \
+    '[ $rc -ne 0 ] && grep -q "$U/r6 is in use by tp-train (pid 8 on host far-slow.*lapses 20 s after" "$WORK/r6.out"'
+check "and sent nothing there" sh -c "! curl -s -f '$U/r6/step_00000003/index.json' >/dev/null"
+
 echo '{"owner": 5}' | curl -s -f -T - "$U/r3/.tp-run.lease" >/dev/null
 expect_error "a malformed lease refused by name, never taken as free" 1 "$U/r3/.tp-run.lease: not a run lease" \
     "$TRAIN" --model tiny --quiet --steps 2 --ckpt-dir "$U/r3" --ckpt-cache "$WORK/cache-d"

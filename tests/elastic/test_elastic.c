@@ -621,3 +621,33 @@ Test(elastic, no_checkpoint_at_all_is_not_found)
     elastic_checkpoint chosen;
     cr_assert_eq(elastic_choose_checkpoint(dir, 1, NULL, NULL, &chosen), TP_ERR_NOT_FOUND);
 }
+
+static void collect_steps(void *ctx, const elastic_log_line *line)
+{
+    int64_t *steps = ctx;
+    if (line->kind == ELASTIC_LOG_STEP) steps[steps[0]++ + 1] = line->step;
+}
+
+/* A line the trainer is still writing waits for its end across reads, and
+ * the lines after it are read whole (the partial line's length is kept as
+ * it grows, not measured again at each byte). */
+Test(elastic, log_line_written_in_parts)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/train.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"step\":1,\"loss\":2}\n{\"step\":2,\"lo", f);
+    fclose(f);
+    elastic_log_follower follower;
+    elastic_log_follow(&follower, path, 0);
+    int64_t steps[8] = {0};
+    cr_assert_eq(elastic_log_read(&follower, collect_steps, steps), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(steps[0], 1, "the complete line alone");
+    f = fopen(path, "a");
+    fputs("ss\":1.5}\n{\"step\":3,\"loss\":1}\n", f);
+    fclose(f);
+    cr_assert_eq(elastic_log_read(&follower, collect_steps, steps), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(steps[0], 3, "the line finished, then the next");
+    cr_assert_eq(steps[2], 2);
+    cr_assert_eq(steps[3], 3);
+}
