@@ -602,9 +602,9 @@ static int verify_dcp(const char *path, const checkpoint_format *format, int thr
     }
     /* Said where every item matches its CRC-32s: a damaged item explains its own. */
     if (!status && !items.damaged && replicas.copies_differ) {
-        fprintf(stderr, "tp-ckpt: error: %s: %d of %d tensors stored more than once differ between their copies (%d of %d "
-                "copies), the first: %s\n", dcp_path(d), replicas.tensors_differ, replicas.tensors, replicas.copies_differ,
-                replicas.copies, replicas.first_difference);
+        fprintf(stderr, "tp-ckpt: error: %s: %d of %d parameters whose optimizer state is stored more than once differ "
+                "between their copies (%d of %d copies), the first: %s\n", dcp_path(d), replicas.tensors_differ,
+                replicas.tensors, replicas.copies_differ, replicas.copies, replicas.first_difference);
         bad = 1;
     }
     if (!status && !bad && items.unchecked + common.unchecked)
@@ -619,8 +619,8 @@ static int verify_dcp(const char *path, const checkpoint_format *format, int thr
     format_bytes((double)items.item_bytes, size, sizeof size);
     char copies[200] = "";
     if (replicas.copies)
-        snprintf(copies, sizeof copies, "; every other copy (%d) of the %d states the distributed optimizer's buckets "
-                 "store more than once equals the copy read", replicas.copies, replicas.tensors);
+        snprintf(copies, sizeof copies, "; every other copy (%d) of the state of the %d parameters the distributed "
+                 "optimizer's buckets store more than once equals the copy read", replicas.copies, replicas.tensors);
     if (!bad)
         printf("ok: %s: %d items, %d zip entries (%s) match their CRC-32s%s%s%s; %d tensors read%s, in %.2f s%s\n",
                dcp_path(d), items.items, items.entries - items.unchecked, size, m ? ", and the common state's (" : "",

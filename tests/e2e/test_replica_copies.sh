@@ -75,9 +75,9 @@ BUCKET="optimizer.distributed.dp_group_idx_%d.gbuf_idx_0.dtype_\(torch.bfloat16,
 DDIFFER="optim/exp_avg/embedding.position_embeddings.weight's copies differ over the tensor-parallel ranks \(the parameter is replicated\) in the distributed optimizer's buckets: element \[0, 3\] is 5 \(0x40a00000\) in [^ ]*d_rep/iter_0001000/__[0-9]+_0.distcp \($(printf "$BUCKET" 1), tensor-parallel rank 1's copy\), [^ ]+ \(0x[0-9a-f]{8}\) in [^ ]*d_rep/iter_0001000/__[0-9]+_0.distcp \($(printf "$BUCKET" 0), rank 0's, the one read\)"
 expect_ok "verify of the intact checkpoint" "$CK" verify "$WORK/d"
 check "verify compares the buckets' copies" \
-    grep -Eq "every other copy \([0-9]+\) of the [0-9]+ states the distributed optimizer's buckets store more than once equals the copy read" \
+    grep -Eq "every other copy \([0-9]+\) of the state of the [0-9]+ parameters the distributed optimizer's buckets store more than once equals the copy read" \
     "$WORK/.out"
-expect_error "verify names the copy that differs" 1 "d_rep/iter_0001000: 1 of [0-9]+ tensors stored more than once differ .*$DDIFFER" \
+expect_error "verify names the copy that differs" 1 "d_rep/iter_0001000: 1 of [0-9]+ parameters whose optimizer state is stored more than once differ .*$DDIFFER" \
     "$CK" verify "$WORK/d_rep"
 run "$CK" diff "$WORK/d" "$WORK/d_rep"
 check_all "diff: not equal (exit $RC), the copy named" \
