@@ -259,10 +259,13 @@ static int take_lease(ckpt_run_claim *claim, const char *run_dir)
     }
     status = ckpt_lease_renewer_start(&claim->renewer, claim->lease_url);
     if (status) {
+        char message[1024]; /* the removal's own failure would replace it */
+        snprintf(message, sizeof message, "%s", tp_errmsg());
         store_delete(claim->lease_url);
         claim->lease_url[0] = '\0';
+        return tp_fail(status, "%s", message);
     }
-    return status;
+    return TP_OK;
 }
 
 int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *program, ckpt_run_claim **out)
