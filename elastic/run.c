@@ -681,6 +681,19 @@ static void output_tail(const char *path, char *out, size_t size, int *no_space)
     out[length] = '\0';
 }
 
+/* Whether a launch's output (its first 64 KiB) holds text: what a launcher
+ * says before it starts any rank. */
+static int output_says(const char *path, const char *text)
+{
+    char buffer[64 << 10];
+    int fd = -1;
+    if (tp_open_regular(path, &fd) != TP_OK) return 0; /* a FIFO would block */
+    ssize_t n = read(fd, buffer, sizeof buffer - 1);
+    close(fd);
+    buffer[n > 0 ? n : 0] = '\0';
+    return n > 0 && memmem(buffer, (size_t)n, text, strlen(text)) != NULL;
+}
+
 /* Whether the device of path has (next to) nothing left: under 1 MiB free.
  * The trainer's output may not say so: it could not be written either. */
 static int device_full(const char *path)
@@ -1102,6 +1115,15 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
                                                  "this run's"
                         : w.stop_line_diverged ? diverged
                                                : NULL;
+    /* Open MPI's mpirun refuses to start as root unless told: every
+     * relaunch would be refused alike (it was relaunched --repeat-limit
+     * times, then called a bug of the trainer's, quoting the banner's last
+     * line). */
+    if (end == END_FAILED && !final && output_says(output, "mpirun has detected an attempt to run as root")) {
+        snprintf(why, sizeof why, "mpirun refuses to run as root (%s): run tp-elastic as another user, or set "
+                 "OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 to let it", output);
+        return *status_out = give_up(s, summary, why), 1;
+    }
     if (final) {
         char tail[600];
         int no_space = 0;

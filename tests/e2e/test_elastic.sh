@@ -191,6 +191,18 @@ wait $watcher
 check "below --min-world: one wait for capacity" [ "$(events "$R" waiting_for_capacity)" -eq 1 ]
 check "below --min-world: never launched at 1 rank" sh -c "! grep -q '\"ranks\":1[,}]' '$R/elastic/events.jsonl'"
 check "below --min-world: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+# As root without Open MPI's consent, mpirun refuses every launch alike:
+# given up at once, naming the two variables (it was relaunched
+# --repeat-limit times, then called a bug of the trainer's, quoting the last
+# line of mpirun's banner). Not root: mpirun runs, nothing to see.
+if [ "$(id -u)" -eq 0 ]; then
+    run env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM "$ELASTIC" run --ckpt-dir "$WORK/asroot" --world 2 \
+        $FAST -- "$TRAIN" --model tiny --quiet --steps 4 --global-batch 4
+    check_all "as root without Open MPI's consent: one launch, given up at once naming the variables (exit $RC)" \
+        '[ $RC -eq 1 ] && grep -q "mpirun refuses to run as root.*OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" "$WORK/.err" &&
+         [ "$(events "$WORK/asroot" launch)" -eq 1 ]'
+fi
+
 # A world file that cannot be read while a launch runs (rewritten with a
 # typo, "2x"): the launch goes on at its capacity, and the error is one
 # event (it was waited out in silence).
