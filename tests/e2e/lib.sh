@@ -165,6 +165,20 @@ PYEOF
 
 tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum) | md5sum; }
 
+# tokens FILE COUNT: a token file (docs/DATA.md) of COUNT tokens below 90,
+# the same for every test (numpy: after skip_without_python).
+tokens() {
+    "$PY" - "$1" "$2" <<'PYEOF'
+import sys, numpy as np
+path, n = sys.argv[1], int(sys.argv[2])
+header = np.zeros(256, dtype=np.int32)
+header[:3] = (20240520, 1, n)
+with open(path, "wb") as f:
+    f.write(header.tobytes())
+    f.write(((np.arange(n) * 7 + np.random.default_rng(5).integers(0, 3, n)) % 90).astype(np.uint16).tobytes())
+PYEOF
+}
+
 # skip_without_python MODULES WHY: unless Debian's python imports MODULES
 # ("torch, numpy"), the test says it is skipped (WHY) and ends there, exit
 # 0: skipped, never passed, and never run on without them.

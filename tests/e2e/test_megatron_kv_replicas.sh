@@ -21,15 +21,7 @@ DIST="$ROOT/tests/support/megatron_dist_fixture.py"
 skip_without_python 'torch, numpy' "python3-torch is not installed"
 use_open_mpi
 
-"$PY" - "$WORK/tokens.bin" 4200 <<'PYEOF'
-import sys, numpy as np
-path, n = sys.argv[1], int(sys.argv[2])
-header = np.zeros(256, dtype=np.int32)
-header[:3] = (20240520, 1, n)
-with open(path, "wb") as f:
-    f.write(header.tobytes())
-    f.write(((np.arange(n) * 7 + np.random.default_rng(5).integers(0, 3, n)) % 90).astype(np.uint16).tobytes())
-PYEOF
+tokens "$WORK/tokens.bin" 4200
 
 # same_loss A.json B.json TOL: the two {"loss"} agree to TOL relative.
 same_loss() {

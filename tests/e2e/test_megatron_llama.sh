@@ -17,18 +17,6 @@ FIXTURE="$ROOT/tests/support/megatron_fixture.py"
 skip_without_python 'torch, numpy' "python3-torch is not installed"
 use_open_mpi
 
-# tokens FILE COUNT: a token file (docs/DATA.md) of COUNT tokens below 90.
-tokens() {
-    "$PY" - "$1" "$2" <<'PYEOF'
-import sys, numpy as np
-path, n = sys.argv[1], int(sys.argv[2])
-header = np.zeros(256, dtype=np.int32)
-header[:3] = (20240520, 1, n)
-with open(path, "wb") as f:
-    f.write(header.tobytes())
-    f.write(((np.arange(n) * 7 + np.random.default_rng(5).integers(0, 3, n)) % 90).astype(np.uint16).tobytes())
-PYEOF
-}
 tokens "$WORK/tokens.bin" 4200
 
 # same_loss OURS.json THEIRS.json TOL: the two {"loss"} agree to TOL relative.
