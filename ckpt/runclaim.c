@@ -206,9 +206,20 @@ static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const leas
 {
     double start = now_seconds(), lifetime = lease_lifetime(claim, found);
     lease seen = *found;
+    int announced = 0;
     for (;;) {
         if (holder_gone(&seen)) return TP_OK;
         if (now_seconds() - start > lifetime) return TP_OK; /* no renewal for a period */
+        /* A live run's renewal comes within a quarter of its period; a
+         * wait longer than a moment (up to a period: 30 s by default) is
+         * said, not spent in silence. */
+        if (!announced && now_seconds() - start >= 2) {
+            char text[CKPT_PATH_MAX + HOLDER_MAX + 160];
+            snprintf(text, sizeof text, "%s names %s: watching it for up to %.0f s to see whether it is renewed (a "
+                     "live run) or has lapsed", claim->lease_url, seen.holder, lifetime);
+            store_notify(text);
+            announced = 1;
+        }
         sleep_seconds(claim->renewer.period / 8); /* a renewal seen soon, however long the lifetime */
         int present = 0;
         lease now;

@@ -399,8 +399,7 @@ void store_set_notice(store_notice_fn fn, void *ctx)
     pthread_mutex_unlock(&throttle_lock);
 }
 
-/* Tells the program text (store_set_notice), outside the lock. */
-static void notify(const char *text)
+void store_notify(const char *text)
 {
     pthread_mutex_lock(&throttle_lock);
     store_notice_fn fn = notice_fn;
@@ -642,7 +641,7 @@ int http_perform(const http_request *q, http_response *r)
         snprintf(answer, sizeof answer, "HTTP %ld", r->code);
         snprintf(text, sizeof text, "%s %s: %s; retry %d of %d in %.1f s (TP_REMOTE_RETRIES)", q->method, q->url,
                  code != CURLE_OK ? why : answer, counted, policy.retries, (double)ms / 1000);
-        notify(text);
+        store_notify(text);
         sleep_ms(q, ms);
     }
 }

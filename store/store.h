@@ -120,6 +120,10 @@ const store_ops *store_s3(void);
  * held; fn NULL removes it. */
 typedef void (*store_notice_fn)(void *ctx, const char *text);
 void store_set_notice(store_notice_fn fn, void *ctx);
+/* Tells the program's notice function text (nothing when none is set):
+ * for a store's waits and for those of the claims kept in a store
+ * (ckpt/runclaim.c watching a lease). */
+void store_notify(const char *text);
 /* How many requests to an object store this process gave up on after
  * every retry (TP_REMOTE_RETRIES) or the whole allowance of being asked to
  * slow down: a server that stopped answering, or answers every request

@@ -179,6 +179,8 @@ expect_ok "a stale lease of another machine is taken after a period without rene
     "$TRAIN" --model tiny --quiet --steps 2 --ckpt-every 2 --ckpt-dir "$U/r2" --ckpt-cache "$WORK/cache-c"
 waited=$((($(date +%s%N) - start) / 1000000))
 check "it waited a whole period (${waited} ms >= 3000) before taking it" [ $waited -ge 3000 ]
+check "and said what it waited for: the lease, its holder, the period" \
+    grep -q "r2/.tp-run.lease names tp-train (pid 7 on host far-away, .*: watching it for up to 3 s to see whether it is renewed" "$WORK/.err"
 
 # A lease is watched for the period its holder renews by (its
 # period_seconds), not the watcher's own TP_RUN_LEASE_SECONDS: another
