@@ -119,10 +119,27 @@ static int refuse_interleaved(ckpt_reader *source, const formats_write_options *
 
 /* ---- this toolkit's format: reshard.h ---------------------------------- */
 
+/* A Megatron-LM checkpoint under legacy names keeps a rank's query groups
+ * whole (its fused QKV's granule is a group, megatron_describe): at a tp
+ * the groups do not divide, the partition's refusal ("granules ... not
+ * divisible by tp") is said as what it means, with the way that works. */
+static int explain_groups(formats_source *source, const formats_write_options *o, int status)
+{
+    const megatron_checkpoint *m = formats_source_megatron(source);
+    const megatron_config *c = m ? megatron_config_of(m) : NULL;
+    ckpt_layout to = reshard_target_layout(ckpt_reader_layout(formats_source_reader(source)), &o->reshard);
+    if (!c || c->naming >= MEGATRON_NAMES_CORE || c->query_groups % to.tp == 0) return status;
+    return tp_fail_context(status, "%lld query groups do not divide over tp %d, and under Megatron's legacy names "
+                           "each rank keeps whole groups (tp-ckpt import --tp %d converts it for tp-train, its key and "
+                           "value heads replicated over the ranks sharing them)",
+                           (long long)c->query_groups, to.tp, to.tp);
+}
+
 static int plan_own(formats_source *source, const formats_write_options *o, formats_write_summary *s, void **state)
 {
     reshard_plan *plan = NULL;
-    TP_TRY(reshard_plan_create(&plan, formats_source_reader(source), &o->reshard));
+    int status = reshard_plan_create(&plan, formats_source_reader(source), &o->reshard);
+    if (status) return explain_groups(source, o, status);
     *state = plan;
     const reshard_summary *r = reshard_plan_summary(plan);
     char read[32], written[32], buffers[32], limit[32], slab[32];

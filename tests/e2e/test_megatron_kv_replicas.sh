@@ -126,6 +126,12 @@ expect_ok "imported at tp1" "$CK" import "$WORK/own_l2" --tp 1 --pp 1 --true-voc
 expect_ok "bit for bit the original's weights" "$CK" diff "$WORK/own_l2_1" "$WORK/run1/step_00001000" --weights-only
 expect_error "legacy names at tp4 stay refused" 1 "2 query groups do not divide over tp 4 \(Megatron's legacy model" \
     "$RS" "$SRC" --format megatron --to tp4 -o "$WORK/own_l4"
+# This toolkit's format from a legacy-named Megatron checkpoint at tp4: its
+# names and layout kept, whole groups a rank, refused, saying so and what
+# converts it (it said only "2 granules ... not divisible by tp=4").
+expect_error "tp-reshard --format tp at tp4 from legacy names: refused, naming the groups and tp-ckpt import" 1 \
+    "2 query groups do not divide over tp 4, and under Megatron's legacy names each rank keeps whole groups \(tp-ckpt import --tp 4 converts it" \
+    "$RS" "$WORK/m" --format tp --to tp4 -o "$WORK/m_tp4"
 
 # --- Groups and tp that neither divide the other.
 expect_ok "fixture: 6 heads in 2 query groups, tp2" "$PY" "$FIXTURE" "$WORK/m6" --tp 2 --pp 1 --layers 2 --hidden 96 \
