@@ -304,22 +304,26 @@ soak: deps
 # for FUZZ_SECONDS from its seed corpus (tests/fuzz/corpus/<target>, with
 # tests/fuzz/<target>.dict where there is one, and the corpora that
 # tests/fuzz/<target>.seeds names, a folder a line); new
-# inputs go to build-fuzz/corpus, crashes to build-fuzz/crashes. Not part of
-# `make test`, which replays the corpus (tests/ckpt/test_hostile.c).
+# inputs go to build-fuzz/corpus, crashes to build-fuzz/crashes. `make test`
+# replays the corpus (tests/ckpt/test_hostile.c) and builds and runs every
+# fuzzer for a second (tests/e2e/test_fuzz_build.sh), so that none rots.
 FUZZ_SECONDS ?= 30
+# Where the fuzzers are built and their corpora and crashes kept
+# (tests/e2e/test_fuzz_build.sh builds them in its own directory).
+FUZZ_BUILD ?= build-fuzz
 FUZZ_TARGETS := index safetensors partition pickle torch megatron megatron_write dcp megatron_dist
 FUZZ_SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all
 fuzz: deps
 	@command -v clang >/dev/null || { echo "make fuzz needs clang (apt-get install clang)" >&2; exit 1; }
-	+@$(SUBMAKE) BUILD=build-fuzz CC=clang CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
-		CFLAGS="-Wno-error" SANITIZE="$(FUZZ_SANITIZE) -fsanitize=fuzzer-no-link" $(patsubst %,build-fuzz/fuzz/fuzz_%,$(FUZZ_TARGETS))
-	@mkdir -p build-fuzz/crashes; for t in $(FUZZ_TARGETS); do \
-		mkdir -p build-fuzz/corpus/$$t; echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
-		build-fuzz/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=3072 -print_final_stats=1 \
-			$$(test -f tests/fuzz/$$t.dict && echo -dict=tests/fuzz/$$t.dict) -artifact_prefix=build-fuzz/crashes/$$t- build-fuzz/corpus/$$t tests/fuzz/corpus/$$t \
-			$$(test -f tests/fuzz/$$t.seeds && cat tests/fuzz/$$t.seeds) >build-fuzz/fuzz_$$t.log 2>&1; \
-		rc=$$?; grep -E 'DONE|number_of_executed_units|ERROR|SUMMARY|Test unit written' build-fuzz/fuzz_$$t.log; \
-		[ $$rc -eq 0 ] || { echo "fuzz_$$t failed (exit $$rc), see build-fuzz/fuzz_$$t.log" >&2; exit 1; }; \
+	+@$(SUBMAKE) BUILD=$(FUZZ_BUILD) CC=clang CUDA=0 OPTFLAGS="-O1 -g -fno-omit-frame-pointer" \
+		CFLAGS="-Wno-error" SANITIZE="$(FUZZ_SANITIZE) -fsanitize=fuzzer-no-link" $(patsubst %,$(FUZZ_BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
+	@mkdir -p $(FUZZ_BUILD)/crashes; for t in $(FUZZ_TARGETS); do \
+		mkdir -p $(FUZZ_BUILD)/corpus/$$t; echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
+		$(FUZZ_BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=3072 -print_final_stats=1 \
+			$$(test -f tests/fuzz/$$t.dict && echo -dict=tests/fuzz/$$t.dict) -artifact_prefix=$(FUZZ_BUILD)/crashes/$$t- $(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t \
+			$$(test -f tests/fuzz/$$t.seeds && cat tests/fuzz/$$t.seeds) >$(FUZZ_BUILD)/fuzz_$$t.log 2>&1; \
+		rc=$$?; grep -E 'DONE|number_of_executed_units|ERROR|SUMMARY|Test unit written' $(FUZZ_BUILD)/fuzz_$$t.log; \
+		[ $$rc -eq 0 ] || { echo "fuzz_$$t failed (exit $$rc), see $(FUZZ_BUILD)/fuzz_$$t.log" >&2; exit 1; }; \
 	done
 
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(MODEL_STACK)
