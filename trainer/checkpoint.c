@@ -107,8 +107,9 @@ struct saver {
     int upload_failed;              /* this rank's write went well, its upload did not */
     save_phases phases;             /* of the pending save: this rank's, then (rank 0) the slowest rank's */
     save_phases committed_phases[2];
-    int64_t failed_step;            /* an upload that failed, not yet taken; -1: none */
-    char failed_message[1024];
+    int failed;                     /* uploads that failed, not yet taken (at most two, as committed) */
+    int64_t failed_step[2];
+    char failed_message[2][1024];
     int64_t step, consumed;
     uint64_t seed;
     char *schedule, *user;
@@ -133,7 +134,6 @@ int saver_create(saver **out, gpt_model *m, int dump_grads)
     if (!s) return tp_fail(TP_ERR_NOMEM, "out of memory for checkpoint snapshots");
     s->model = m;
     s->dump_grads = dump_grads;
-    s->failed_step = -1;
     atomic_init(&s->snapshot_taken, 1);
     int status = checkpoint_staging_owner(m->comm, s->owner);
     if (!status) status = store_staging_owner(s->own_owner, sizeof s->own_owner);
@@ -389,8 +389,14 @@ static int upload_lost(saver *s, int failed_here, const char *message)
     int any;
     if (failed_here) snprintf(said, sizeof said, "%s", message);
     TP_TRY(comm_first_failure(s->model->comm, failed_here, said, sizeof said, &any));
-    s->failed_step = s->step;
-    snprintf(s->failed_message, sizeof s->failed_message, "%s", said);
+    if (s->failed == 2) { /* not taken: the oldest goes */
+        s->failed_step[0] = s->failed_step[1];
+        memcpy(s->failed_message[0], s->failed_message[1], sizeof s->failed_message[0]);
+        s->failed = 1;
+    }
+    s->failed_step[s->failed] = s->step;
+    snprintf(s->failed_message[s->failed], sizeof s->failed_message[0], "%s", said);
+    s->failed++;
     s->pending = 0;
     return TP_OK;
 }
@@ -470,10 +476,12 @@ static int finish_commit(saver *s)
 
 int saver_take_failed_upload(saver *s, int64_t *step, char *message, size_t size)
 {
-    if (s->failed_step < 0) return 0;
-    *step = s->failed_step;
-    snprintf(message, size, "%s", s->failed_message);
-    s->failed_step = -1;
+    if (!s->failed) return 0;
+    *step = s->failed_step[0];
+    snprintf(message, size, "%s", s->failed_message[0]);
+    s->failed_step[0] = s->failed_step[1];
+    memcpy(s->failed_message[0], s->failed_message[1], sizeof s->failed_message[0]);
+    s->failed--;
     return 1;
 }
 

@@ -80,8 +80,9 @@ typedef struct {
 int saver_take_committed(saver *s, int64_t *step, double *seconds, save_phases *phases /* may be NULL */);
 
 /* A save to an object store whose upload failed (after the retries) and
- * that is not taken yet: 1 with its step and why (the same on every rank),
- * else 0. */
+ * that is not taken yet, the oldest first: 1 with its step and why (the same
+ * on every rank), else 0. Two are kept, as saver_take_committed's: a step
+ * boundary can lose the pending save and a synchronous one after it. */
 int saver_take_failed_upload(saver *s, int64_t *step, char *message, size_t size);
 
 /* Seconds the caller has spent in saver_start/saver_poll since the last

@@ -82,7 +82,8 @@ typedef struct {
     train_outcome *outcome;
     char save_dir[CKPT_PATH_MAX]; /* where checkpoints are written: ckpt_dir, or the local cache of a remote one */
     ckpt_run_claim *claim;        /* rank 0: the run directory is this run's alone while it lives */
-    int last_upload_status;       /* of the newest upload that ended, and its failure: */
+    int last_upload_status;       /* of the upload of the newest step that ended, and its failure: */
+    int64_t last_upload_step;     /* that step (0: none yet) */
     char last_upload_error[CKPT_PATH_MAX + 1200];
 } trainer;
 
@@ -708,7 +709,9 @@ static int checkpoint_after(trainer *t, int64_t step, int stop)
 /* Saves committed at the last step boundary, told after that step's
  * report; for an object store, uploaded (or failed: a warning, since the
  * next checkpoint goes up whole; the last one must arrive,
- * finish_uploads). */
+ * finish_uploads). The run's verdict on its uploads is that of the newest
+ * step's, whatever order they are taken in: a stop's save, synchronous,
+ * commits after the pending one has failed, and both are taken here. */
 static int report_saves(trainer *t)
 {
     int64_t step;
@@ -722,16 +725,22 @@ static int report_saves(trainer *t)
         train_report r = {.kind = TRAIN_REPORT_SAVED, .step = step, .seconds = seconds, .text = path};
         report(t, &r);
         if (!remote) continue;
-        t->last_upload_status = TP_OK;
+        if (step >= t->last_upload_step) {
+            t->last_upload_status = TP_OK;
+            t->last_upload_step = step;
+        }
         train_report u = {.kind = TRAIN_REPORT_UPLOADED, .step = step, .seconds = seconds, .text = path,
                           .bytes = phases.bytes, .phases = {phases.write, phases.upload, phases.index}};
         report(t, &u);
     }
     while (saver_take_failed_upload(t->saver, &step, message, sizeof message)) {
+        char text[sizeof t->last_upload_error];
+        snprintf(text, sizeof text, "upload of the checkpoint of step %lld failed: %s", (long long)step, message);
+        warn(t, text);
+        if (step < t->last_upload_step) continue; /* a newer one went up */
         t->last_upload_status = TP_ERR_IO;
-        snprintf(t->last_upload_error, sizeof t->last_upload_error, "upload of the checkpoint of step %lld failed: %s",
-                 (long long)step, message);
-        warn(t, t->last_upload_error);
+        t->last_upload_step = step;
+        snprintf(t->last_upload_error, sizeof t->last_upload_error, "%s", text);
     }
     return TP_OK;
 }

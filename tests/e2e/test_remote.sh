@@ -446,6 +446,25 @@ sys.exit(not (sorted(puts) == sorted(want) and set(puts.values()) == {1}))' "$WE
     check_all "the last checkpoint refused: the run fails saying so, latest stays at step 4" \
         '[ "$RC" -ne 0 ] && grep -q "upload of the checkpoint of step 8 failed" "$WORK/.err" &&
         [ "$(cat "$DAV/lost/latest")" = step_00000004 ]'
+    # A stop (a preemption) after an asynchronous upload failed: the stop's
+    # own save, synchronous, goes up after the failure is known, and the run
+    # stops with it in the store: exit 0, the older failure a warning (it
+    # failed, taking the failure for the last word).
+    mkdir -p "$DAV/preempted"
+    echo blocker >"$DAV/preempted/step_00000004"
+    run mpi_train 2 --model tiny --micro-batch 2 --steps 8 --tp 2 --ckpt-every 4 --stop-at 5 --ckpt-dir "$U/preempted"
+    check_all "step 4 refused, then a stop at step 5: exit 0 (exit $RC), step 4's failure a warning, step 5 up" \
+        '[ "$RC" -eq 0 ] && grep -q "warning: upload of the checkpoint of step 4 failed" "$WORK/.err" &&
+        [ "$(cat "$DAV/preempted/latest")" = step_00000005 ] && [ -s "$DAV/preempted/step_00000005/index.json" ]'
+    # Both refused, the pending save's and the stop's: each failure said
+    # (the second no longer took the first's place, unsaid), the run fails.
+    mkdir -p "$DAV/both"
+    echo blocker >"$DAV/both/step_00000004"
+    echo blocker >"$DAV/both/step_00000005"
+    run mpi_train 2 --model tiny --micro-batch 2 --steps 8 --tp 2 --ckpt-every 4 --stop-at 5 --ckpt-dir "$U/both"
+    check_all "steps 4 and 5 refused, stopped at 5: exit 1 (exit $RC), both failures said" \
+        '[ "$RC" -ne 0 ] && grep -q "warning: upload of the checkpoint of step 4 failed" "$WORK/.err" &&
+        grep -q "warning: upload of the checkpoint of step 5 failed" "$WORK/.err" && [ ! -e "$DAV/both/latest" ]'
 
     # --- 5a. The writer killed after its shards, before its index: the
     # checkpoint is not visible; a later write completes it.
