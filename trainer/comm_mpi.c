@@ -253,11 +253,22 @@ static int wait_sends(comm *c, int64_t sends, comm_stream stream)
     return check(c, rc, "wait");
 }
 
+/* A point-to-point message's count as MPI takes it, an int: one beyond it
+ * (more than 2^31 values between two stages) is refused, never cut to its
+ * low bits, as a cast would. */
+static int int_count(comm *c, int64_t count, const char *what)
+{
+    if (count <= INT_MAX) return TP_OK;
+    return tp_fail(TP_ERR_COMM, "rank %d: a %s of %lld values, more than one MPI message counts (%d)", c->rank, what,
+                   (long long)count, INT_MAX);
+}
+
 static int send(comm *c, comm_peer peer, const void *data, int64_t count, comm_type type, int tag, comm_stream stream)
 {
     mpi_impl *m = c->impl;
     int to;
     TP_TRY(host_only(c, stream));
+    TP_TRY(int_count(c, count, "send"));
     TP_TRY(peer_rank(c, peer, &to));
     if (m->num_pending == MAX_PENDING) TP_TRY(wait_sends(c, m->waited + 1, stream)); /* the oldest */
     return check(c, MPI_Isend(data, (int)count, mpi_type(type), to, tag, m->world, &m->pending[m->num_pending++]),
@@ -269,6 +280,7 @@ static int recv(comm *c, comm_peer peer, void *data, int64_t count, comm_type ty
     mpi_impl *m = c->impl;
     int from;
     TP_TRY(host_only(c, stream));
+    TP_TRY(int_count(c, count, "receive"));
     TP_TRY(peer_rank(c, peer, &from));
     MPI_Request request;
     TP_TRY(check(c, MPI_Irecv(data, (int)count, mpi_type(type), from, tag, m->world, &request), "recv"));
@@ -280,7 +292,10 @@ static int broadcast(comm *c, void *data, int64_t bytes, int root, comm_stream s
     TP_TRY(host_only(c, stream));
     MPI_Comm world = ((mpi_impl *)c->impl)->world;
     TP_TRY(all_arrived(c, world));
-    return check(c, MPI_Bcast(data, (int)bytes, MPI_BYTE, root, world), "broadcast");
+    for (int64_t at = 0; at < bytes; at += 1 << 30) /* MPI counts are ints: in pieces, in order */
+        TP_TRY(check(c, MPI_Bcast((char *)data + at, (int)(bytes - at < (1 << 30) ? bytes - at : 1 << 30), MPI_BYTE, root,
+                                  world), "broadcast"));
+    return TP_OK;
 }
 
 static int gather(comm *c, const void *data, int64_t bytes, void *out, const int64_t *counts, int root)

@@ -6,6 +6,7 @@
  * one, every row-parallel result (after its all-reduce), the vocabulary-parallel
  * logits and loss, and every gradient piece with its part of the dense
  * gradient (padding rows zero). Exit 0 when all agree to 1e-5 relative. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,6 +187,16 @@ int main(int argc, char **argv)
     }
     free(all);
     free(full);
+    /* A message of more values than an MPI count holds is refused before
+     * anything is sent (a cast to int cut it to its low bits); the buffer
+     * is never touched. */
+    float one = 0;
+    if (comm_send(c, COMM_NEXT_STAGE, &one, (int64_t)INT_MAX + 1, COMM_FLOAT, 0, COMM_HOST) != TP_ERR_COMM ||
+        !strstr(tp_errmsg(), "more than one MPI message counts") ||
+        comm_recv(c, COMM_PREV_STAGE, &one, (int64_t)1 << 32, COMM_FLOAT, 0, COMM_HOST) != TP_ERR_COMM) {
+        fprintf(stderr, "layer_check rank %d: a message beyond an MPI count not refused: %s\n", rank, tp_errmsg());
+        failures++;
+    }
     int total = failures;
     comm_all_reduce(c, GROUP_WORLD, &total, 1, COMM_INT, COMM_MAX, COMM_HOST);
     if (rank == 0) printf("layer_check: tp=%d: %s\n", c->tp, total ? "MISMATCH" : "every layer agrees with its dense version");
