@@ -179,6 +179,15 @@ with open(path, "wb") as f:
 PYEOF
 }
 
+# same_loss A.json B.json TOL: the two files' {"loss"} agree to TOL
+# relative (both printed, ours first where one is ours).
+same_loss() {
+    "$PY" -c 'import json, sys
+a, b = (json.load(open(p))["loss"] for p in sys.argv[1:3])
+print("    %.9f and %.9f" % (a, b))
+sys.exit(not abs(a - b) <= float(sys.argv[3]) * abs(b))' "$1" "$2" "$3"
+}
+
 # skip_without_python MODULES WHY: unless Debian's python imports MODULES
 # ("torch, numpy"), the test says it is skipped (WHY) and ends there, exit
 # 0: skipped, never passed, and never run on without them.

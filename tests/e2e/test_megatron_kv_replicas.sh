@@ -23,13 +23,6 @@ use_open_mpi
 
 tokens "$WORK/tokens.bin" 4200
 
-# same_loss A.json B.json TOL: the two {"loss"} agree to TOL relative.
-same_loss() {
-    "$PY" -c 'import json, sys
-a, b = (json.load(open(p))["loss"] for p in sys.argv[1:3])
-print("    %.9f and %.9f" % (a, b))
-sys.exit(not abs(a - b) <= float(sys.argv[3]) * abs(b))' "$1" "$2" "$3"
-}
 # first_loss LOG: the loss of the first step a tp-train log records.
 first_loss() {
     "$PY" -c 'import json, sys

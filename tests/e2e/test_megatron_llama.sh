@@ -19,13 +19,6 @@ use_open_mpi
 
 tokens "$WORK/tokens.bin" 4200
 
-# same_loss OURS.json THEIRS.json TOL: the two {"loss"} agree to TOL relative.
-same_loss() {
-    "$PY" -c 'import json, sys
-a, b = (json.load(open(p))["loss"] for p in sys.argv[1:3])
-print("    ours %.9f, Megatron %.9f" % (a, b))
-sys.exit(not abs(a - b) <= float(sys.argv[3]) * abs(b))' "$1" "$2" "$3"
-}
 
 # --- Megatron -> ours: a Llama with 2 query groups, untied, Adam state, tp2pp2.
 expect_ok "fixture: a Megatron Llama (rope, RMSNorm, SwiGLU, 2 query groups, untied), tp2pp2, fp32, Adam" \
