@@ -940,9 +940,12 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
             status = tp_fail(TP_ERR_IO, "%s; %s could not be read, and no older checkpoint is taken in its place "
                              "(resume when the store answers)", unasked, list[k].path);
         if (!status && !any_failed) {
+            /* Each first replica's own view, taken before rank 0's result
+             * is handed to every rank (share_over_replicas): a stage whose
+             * pieces lack the moments is said, whichever rank read it. */
+            int lacks_optimizer = c->dp_rank == 0 && !out->optimizer_loaded, missing;
             status = share_over_replicas(m, with_optimizer, b.moments, out);
-            int optimizer = out->optimizer_loaded ? 0 : 1, missing;
-            if (!status) status = comm_any(c, optimizer, &missing);
+            if (!status) status = comm_any(c, lacks_optimizer, &missing);
             out->optimizer_loaded = !missing;
             break;
         }
