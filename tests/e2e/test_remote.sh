@@ -37,8 +37,7 @@ TRAIN="$BIN/tp-train"
 # with it, and a server left running is found by its command line.
 export TMPDIR="$WORK/tmp"
 mkdir -p "$TMPDIR"
-trap 'webdav_stop >/dev/null 2>&1; s3_stop >/dev/null 2>&1; rm -rf "$WORK"' EXIT
-trap 'exit 130' INT TERM
+objstore_stop_at_exit
 # Every server process this test started (for the check that none is left).
 SERVER_PIDS=""
 # A secret key that must never be printed (s3rver's own, S3RVER, is also its

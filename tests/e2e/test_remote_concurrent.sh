@@ -30,8 +30,7 @@ CK="$BIN/tp-ckpt"
 RS="$BIN/tp-reshard"
 export TMPDIR="$WORK/tmp"
 mkdir -p "$TMPDIR"
-trap 'webdav_stop >/dev/null 2>&1; s3_stop >/dev/null 2>&1; rm -rf "$WORK"' EXIT
-trap 'exit 130' INT TERM
+objstore_stop_at_exit
 
 # Two checkpoints of one shape (the same shard names and sizes), told apart
 # by their step. Shards of about 2.8 MB: more than one of libcurl's

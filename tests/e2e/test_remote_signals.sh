@@ -27,8 +27,7 @@ RS="$BIN/tp-reshard"
 # where the checks look for what a stopped writer left.
 export TMPDIR="$WORK/tmp"
 mkdir -p "$TMPDIR"
-trap 'webdav_stop >/dev/null 2>&1; s3_stop >/dev/null 2>&1; rm -rf "$WORK"' EXIT
-trap 'exit 130' INT TERM
+objstore_stop_at_exit
 
 # Shards of 2.8 MB: more than one buffer of libcurl's (512 KiB), so that a
 # signal strikes with a body partly sent. The export's file: 1.7 MB.

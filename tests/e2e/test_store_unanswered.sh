@@ -36,8 +36,7 @@ stop_proxy() {
     [ -n "$PROXY_PID" ] && kill "$PROXY_PID" 2>/dev/null && wait "$PROXY_PID" 2>/dev/null
     PROXY_PID=""
 }
-trap 'stop_proxy; webdav_stop >/dev/null 2>&1; s3_stop >/dev/null 2>&1; rm -rf "$WORK"' EXIT
-trap 'exit 130' INT TERM
+objstore_stop_at_exit stop_proxy
 
 # proxy UPSTREAM_URL: the fault proxy in front of it, URL in $P, its rules
 # in $RULES (rules ...: each argument a rule line; none: relay everything).

@@ -33,9 +33,10 @@ import argparse
 import http.client
 import http.server
 import os
-import socketserver
 import threading
 import time
+
+import loopback
 
 ARGS = None
 LOCK = threading.Lock()
@@ -150,11 +151,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
     do_OPTIONS = handle_any
 
 
-class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
 def main():
     global ARGS
     p = argparse.ArgumentParser()
@@ -163,12 +159,7 @@ def main():
     p.add_argument("--port-file", required=True)
     p.add_argument("--log")
     ARGS = p.parse_args()
-    server = Server(("127.0.0.1", 0), Handler)
-    tmp = ARGS.port_file + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("%d\n" % server.server_address[1])
-    os.rename(tmp, ARGS.port_file)
-    server.serve_forever()
+    loopback.serve_forever(Handler, ARGS.port_file)
 
 
 if __name__ == "__main__":

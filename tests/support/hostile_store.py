@@ -47,10 +47,11 @@ import argparse
 import hashlib
 import http.server
 import os
-import socketserver
 import threading
 import time
 import urllib.parse
+
+import loopback
 
 ARGS = None
 LOCK = threading.Lock()
@@ -273,11 +274,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send(207, "".join(out).encode())
 
 
-class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
 def main():
     global ARGS
     p = argparse.ArgumentParser()
@@ -289,12 +285,7 @@ def main():
     p.add_argument("--throttle-seconds", type=float)
     p.add_argument("--switch-file", help="replaced mode: objects change once this file exists")
     ARGS = p.parse_args()
-    server = Server(("127.0.0.1", 0), Handler)
-    tmp = ARGS.port_file + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("%d\n" % server.server_address[1])
-    os.rename(tmp, ARGS.port_file)
-    server.serve_forever()
+    loopback.serve_forever(Handler, ARGS.port_file)
 
 
 if __name__ == "__main__":

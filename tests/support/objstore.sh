@@ -47,7 +47,8 @@
 #
 # One server of each kind at a time.
 # A test: `webdav_start DIR || { echo "[SKIP] [$NAME] ..."; exit 0; }`, and
-# `trap` webdav_stop (s3_stop) on EXIT, INT and TERM. The servers are not
+# `trap` webdav_stop (s3_stop) on EXIT, INT and TERM (objstore_stop_at_exit
+# does both). The servers are not
 # children of the caller (a `wait` there does not wait for them); each runs
 # in a process group of its own, and stopping takes whole groups, so that
 # nothing a server forked outlives it. A start
@@ -60,6 +61,14 @@ OBJSTORE_NGINX=/usr/sbin/nginx
 OBJSTORE_DAV_EXT=/usr/lib/nginx/modules/ngx_http_dav_ext_module.so
 
 _objstore_err() { echo "objstore: $*" >&2; }
+
+# objstore_stop_at_exit [FIRST]: at the test's exit, and on INT or TERM
+# (exit 130, which then runs it), FIRST (a command of the test's, e.g. its
+# own proxy's stop) if given, both servers stopped, WORK removed.
+objstore_stop_at_exit() {
+    trap "${1:+$1; }webdav_stop >/dev/null 2>&1; s3_stop >/dev/null 2>&1; rm -rf \"\$WORK\"" EXIT
+    trap 'exit 130' INT TERM
+}
 
 # _objstore_spawn DIR CMD...: starts CMD in the background in a process
 # group of its own (spawn_group), output to DIR/server.log; its pid goes to

@@ -12,8 +12,7 @@
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 . "$ROOT/tests/support/objstore.sh"
-trap 'webdav_stop >/dev/null 2>&1; s3_stop >/dev/null 2>&1; rm -rf "$WORK"' EXIT
-trap 'exit 130' INT TERM
+objstore_stop_at_exit
 SKIPPED=""
 
 # An object: bytes that differ at every offset a range could pick.
