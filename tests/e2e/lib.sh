@@ -18,6 +18,12 @@ PY=${TP_PYFORK_PYTHON:-${TP_PYTHON:-/usr/bin/python3}}
 PY_INTERPRETER=$PY # the interpreter itself, for what needs a program on PATH
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tp-e2e-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
+# Stopped by a signal (a time limit: scripts/gpu-check.sh's timeout, the
+# runner's), a test exits through its EXIT trap too: dying of the signal,
+# sh skipped it and left WORK in TMPDIR (test_gpu_pack's gpu-check run of
+# test_export left one in /tmp at every make test). A test that sets its
+# own EXIT trap keeps this one.
+trap 'exit 130' INT TERM
 # Each python3 command of the script (and of the scripts it runs, through
 # TP_PYTHON) is forked from one server that imported PyTorch, numpy and h5py
 # once (tests/support/py_server.py, tests/tools/pyfork.c): a check costs a

@@ -36,7 +36,6 @@ export TMPDIR="$WORK/tmp"
 mkdir -p "$TMPDIR" "$WORK/root/run"
 SERVER_PID=""
 trap '[ -n "$SERVER_PID" ] && kill $SERVER_PID 2>/dev/null; rm -rf "$WORK"' EXIT
-trap 'exit 130' INT TERM
 
 # serve MODE [--s3]: the server on a free port, URL in $U.
 serve() {

@@ -20,7 +20,6 @@ TRAIN="$BIN/tp-train"
 export TMPDIR="$WORK/tmp"
 mkdir -p "$TMPDIR"
 trap 'webdav_stop >/dev/null 2>&1; rm -rf "$WORK"' EXIT
-trap 'exit 130' INT TERM
 
 # move_checksums CKPT WHERE: the first piece's checksums_at moved (big: to
 # 2^31; eof: the last 8 bytes of its shard; data: onto its own data).

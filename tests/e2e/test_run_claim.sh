@@ -23,7 +23,6 @@ CK="$BIN/tp-ckpt"
 export TMPDIR="$WORK/tmp"
 mkdir -p "$TMPDIR"
 trap 'webdav_stop >/dev/null 2>&1; rm -rf "$WORK"' EXIT
-trap 'exit 130' INT TERM
 HOST_PATTERN="on host $(hostname | sed 's/[^A-Za-z0-9-]/-/g')"
 
 # A trainer that lives long enough to be met, however loaded the machine:

@@ -29,7 +29,6 @@ use_open_mpi
 TRAIN="$BIN/tp-train"
 CLUSTER="$WORK/cluster"
 trap 'slurm_stop >/dev/null 2>&1; rm -rf "$WORK"' EXIT
-trap 'exit 130' INT TERM
 
 now() { date +%s.%N; }
 # since T: seconds since T, one decimal.

@@ -62,12 +62,12 @@ OBJSTORE_DAV_EXT=/usr/lib/nginx/modules/ngx_http_dav_ext_module.so
 
 _objstore_err() { echo "objstore: $*" >&2; }
 
-# objstore_stop_at_exit [FIRST]: at the test's exit, and on INT or TERM
-# (exit 130, which then runs it), FIRST (a command of the test's, e.g. its
-# own proxy's stop) if given, both servers stopped, WORK removed.
+# objstore_stop_at_exit [FIRST]: at the test's exit (a signal's too:
+# tests/e2e/lib.sh makes INT and TERM an exit), FIRST (a command of the
+# test's, e.g. its own proxy's stop) if given, both servers stopped, WORK
+# removed.
 objstore_stop_at_exit() {
     trap "${1:+$1; }webdav_stop >/dev/null 2>&1; s3_stop >/dev/null 2>&1; rm -rf \"\$WORK\"" EXIT
-    trap 'exit 130' INT TERM
 }
 
 # _objstore_spawn DIR CMD...: starts CMD in the background in a process
