@@ -55,10 +55,15 @@ summary_field() {
 # with no fault injected was, where its output could be read, the MPI
 # stack's startup defect (mpi_startup_crash): srun --kill-on-bad-exit ends
 # the other tasks of the step.
+# A crash's own lines come first (the signal, the faulting address, the
+# backtrace), which the tail alone cut off: without them a crash could not
+# be told from the MPI stack's defect (mpi_startup_crash).
 show_launches_if_failed() {
     [ "$FAILED" -gt "$1" ] || return 0
     for _f in "$2"/elastic/launch-*.out; do
         echo "    $_f:"
+        grep -E "Signal: |Signal code|Failing at address|\] \[ *[0-9]+\] |AddressSanitizer|^ *#[0-9]+ " "$_f" | head -n 20 |
+            sed 's/^/      crash: /'
         tail -n 15 "$_f" | sed 's/^/      /'
     done
 }
