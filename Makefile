@@ -326,7 +326,7 @@ fuzz: deps
 		[ $$rc -eq 0 ] || { echo "fuzz_$$t failed (exit $$rc), see $(FUZZ_BUILD)/fuzz_$$t.log" >&2; exit 1; }; \
 	done
 
-$(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(MODEL_STACK)
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/support/fuzz_scratch.o $(MODEL_STACK)
 	@mkdir -p $(dir $@)
 	$(say) LD $@
 	$(Q)$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)

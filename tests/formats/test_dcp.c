@@ -15,7 +15,7 @@
 #include "../../formats/dcp.h"
 #include "../../formats/torch_write.h"
 #include "../support/fixture.h"
-/* The fuzz target, replayed below; its copy_file serves the tests too (no
+/* The fuzz target, replayed below; fuzz_copy_file serves the tests too (no
  * shell: the GPU pack's test runs these in a root of glibc alone). */
 #include "../fuzz/fuzz_dcp.c"
 
@@ -294,7 +294,7 @@ static void refused(const hostile_case *c, const char *expect)
     snprintf(ckpt, sizeof ckpt, "%s/hostile%d", dir, n++);
     cr_assert_eq(mkdir(ckpt, 0755), 0);
     snprintf(data, sizeof data, "%s/__0_0.distcp", ckpt);
-    cr_assert(copy_file("tests/data/dcp/cols2/__0_0.distcp", data));
+    cr_assert_eq(fuzz_copy_file("tests/data/dcp/cols2/__0_0.distcp", data), 0);
     snprintf(meta, sizeof meta, "%s/.metadata", ckpt);
     write_hostile(meta, c);
     dcp_checkpoint *d = NULL;
@@ -326,7 +326,7 @@ Test(dcp, hostile_metadata_refused)
     snprintf(ckpt, sizeof ckpt, "%s/good", dir);
     cr_assert_eq(mkdir(ckpt, 0755), 0);
     snprintf(data, sizeof data, "%s/__0_0.distcp", ckpt);
-    cr_assert(copy_file("tests/data/dcp/cols2/__0_0.distcp", data));
+    cr_assert_eq(fuzz_copy_file("tests/data/dcp/cols2/__0_0.distcp", data), 0);
     snprintf(meta, sizeof meta, "%s/.metadata", ckpt);
     write_hostile(meta, &ok);
     dcp_checkpoint *d;

@@ -10,42 +10,28 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../../formats/dcp.h"
+#include "../support/fuzz_scratch.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static int copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
-    char buf[1 << 14];
-    size_t n;
-    int ok = in && out;
-    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
-    if (in) fclose(in);
-    if (out && fclose(out) != 0) ok = 0;
-    return ok;
-}
 
 /* The directory: a copy of the fixture's data files, made once. */
 static const char *fuzz_dcp_dir(void)
 {
-    static char dir[256];
     static int made;
+    static char dir[512];
     if (made) return dir;
     made = 1;
-    snprintf(dir, sizeof dir, "%s/tp-fuzz-dcp-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
     const char *files[] = {"__0_0.distcp", "__1_0.distcp"};
-    char from[512], to[512];
-    int ok = mkdir(dir, 0700) == 0;
-    for (int i = 0; i < 2 && ok; i++) {
+    char from[512], to[768];
+    if (fuzz_scratch_dir("dcp", dir, sizeof dir)) return dir[0] = '\0', dir;
+    for (int i = 0; i < 2; i++) {
         snprintf(from, sizeof from, "tests/data/dcp/cols2/%s", files[i]);
         snprintf(to, sizeof to, "%s/%s", dir, files[i]);
-        ok = copy_file(from, to);
+        if (fuzz_copy_file(from, to)) return dir[0] = '\0', dir;
     }
-    if (!ok) dir[0] = '\0';
     return dir;
 }
 
@@ -53,7 +39,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *dir = fuzz_dcp_dir();
     if (!dir[0]) return 0;
-    char path[400];
+    char path[600];
     snprintf(path, sizeof path, "%s/.metadata", dir);
     FILE *f = fopen(path, "wb");
     if (!f) return 0;

@@ -1,6 +1,6 @@
 /* fuzz_megatron.c: libFuzzer target for the Megatron-LM reader on top of
  * the torch.save one: the input is the rank file of a tp1 pp1 checkpoint
- * (mp_rank_00/model_optim_rng.pt in a directory of this process), whose
+ * (mp_rank_00/model_optim_rng.pt in the process's scratch directory), whose
  * args, model dicts, optimizer state (parameter groups, state entries,
  * fp32 masters) and RNG states are interpreted; the reader then reads every
  * piece for its digests. It must open or fail with an error, never crash,
@@ -12,28 +12,26 @@
 #include <unistd.h>
 
 #include "../../formats/megatron.h"
+#include "../support/fuzz_scratch.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char fuzz_dir[64], rank_dir[96], file[128];
-
-/* The directory goes with the process. */
-static void remove_checkpoint(void)
-{
-    unlink(file);
-    rmdir(rank_dir);
-    rmdir(fuzz_dir);
-}
+static char file[640];
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!fuzz_dir[0]) {
-        snprintf(fuzz_dir, sizeof fuzz_dir, "/tmp/fuzz-megatron-%d", (int)getpid());
-        snprintf(rank_dir, sizeof rank_dir, "%s/mp_rank_00", fuzz_dir);
-        snprintf(file, sizeof file, "%s/model_optim_rng.pt", rank_dir);
-        if (mkdir(fuzz_dir, 0700) != 0 || mkdir(rank_dir, 0700) != 0) return 0;
-        atexit(remove_checkpoint);
+    static char fuzz_dir[512];
+    static int made;
+    if (!made) {
+        made = 1;
+        if (fuzz_scratch_dir("megatron", fuzz_dir, sizeof fuzz_dir) == 0) {
+            char rank_dir[600];
+            snprintf(rank_dir, sizeof rank_dir, "%s/mp_rank_00", fuzz_dir);
+            snprintf(file, sizeof file, "%s/model_optim_rng.pt", rank_dir);
+            if (mkdir(rank_dir, 0700) != 0) file[0] = '\0';
+        }
     }
+    if (!file[0]) return 0;
     FILE *f = fopen(file, "wb");
     if (!f) return 0;
     size_t written = fwrite(data, 1, size, f);

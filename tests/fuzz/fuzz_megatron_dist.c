@@ -11,66 +11,36 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../../formats/megatron.h"
+#include "../support/fuzz_scratch.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static int copy_dist_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
-    char buf[1 << 14];
-    size_t n;
-    int ok = in && out;
-    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
-    if (in) fclose(in);
-    if (out && fclose(out) != 0) ok = 0;
-    return ok;
-}
-
-static char dist_dir[256];
-static const char *const dist_files[] = {"__0_0.distcp", "common.pt", "metadata.json"};
-
-/* The directory goes with the process. */
-static void remove_dist_dir(void)
-{
-    char path[400];
-    for (size_t i = 0; i < sizeof dist_files / sizeof *dist_files; i++) {
-        snprintf(path, sizeof path, "%s/%s", dist_dir, dist_files[i]);
-        unlink(path);
-    }
-    snprintf(path, sizeof path, "%s/.metadata", dist_dir);
-    unlink(path);
-    rmdir(dist_dir);
-}
 
 /* A copy of the fixture's files but .metadata, made once. */
 static const char *fuzz_dist_dir(void)
 {
     static int made;
-    if (made) return dist_dir;
+    static char dir[512];
+    if (made) return dir;
     made = 1;
-    snprintf(dist_dir, sizeof dist_dir, "%s/tp-fuzz-megatron-dist-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
-             (int)getpid());
-    char from[512], to[512];
-    int ok = mkdir(dist_dir, 0700) == 0;
-    if (ok) atexit(remove_dist_dir);
-    for (size_t i = 0; i < sizeof dist_files / sizeof *dist_files && ok; i++) {
-        snprintf(from, sizeof from, "tests/data/megatron-dist/dp_reshardable/%s", dist_files[i]);
-        snprintf(to, sizeof to, "%s/%s", dist_dir, dist_files[i]);
-        ok = copy_dist_file(from, to);
+    const char *files[] = {"__0_0.distcp", "common.pt", "metadata.json"};
+    char from[512], to[768];
+    if (fuzz_scratch_dir("megatron-dist", dir, sizeof dir)) return dir[0] = '\0', dir;
+    for (int i = 0; i < 3; i++) {
+        snprintf(from, sizeof from, "tests/data/megatron-dist/dp_reshardable/%s", files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        if (fuzz_copy_file(from, to)) return dir[0] = '\0', dir;
     }
-    if (!ok) dist_dir[0] = '\0';
-    return dist_dir;
+    return dir;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *dir = fuzz_dist_dir();
     if (!dir[0]) return 0;
-    char path[400];
+    char path[600];
     snprintf(path, sizeof path, "%s/.metadata", dir);
     FILE *f = fopen(path, "wb");
     if (!f) return 0;

@@ -20,7 +20,6 @@
  *     bytes per input byte and the bytes of the tensors inside, at each
  *     place and in each copy.
  * `make fuzz` runs it; tests/formats/test_megatron.c replays its corpus. */
-#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,36 +32,32 @@
 #include "../../formats/megatron_internal.h"
 #include "../../formats/torch.h"
 #include "../../formats/torch_write.h"
+#include "../../store/store.h"
+#include "../support/fuzz_scratch.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define WRITE_BASE_FILE "tests/fuzz/corpus/megatron/opt.pt"
 
 static struct {
-    char dir[64], source[96], out[96], written[4400];
+    char dir[512], source[600], out[600], written[4400];
     megatron_checkpoint *template;
     ckpt_reader *reader;
     long base_bytes; /* the rank file written without the input's value */
     int params;      /* parameters of the rank file: copies of a per-parameter entry */
 } fuzz_write;
 
-static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-    (void)st, (void)type, (void)ftw;
-    remove(path);
-    return 0;
-}
-
 static void remove_tree(const char *path)
 {
-    nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    (void)store_posix()->remove_tree(store_posix(), path);
 }
 
+/* Before the scratch directory goes (fuzz_scratch.h: its exit handler,
+ * registered first, runs last). */
 static void fuzz_write_cleanup(void)
 {
     if (fuzz_write.reader) ckpt_reader_close(fuzz_write.reader);
     megatron_close(fuzz_write.template);
-    remove_tree(fuzz_write.dir);
 }
 
 static void harness_broken(const char *what)
@@ -85,23 +80,17 @@ static long written_bytes(void)
 
 static void fuzz_write_init(void)
 {
-    snprintf(fuzz_write.dir, sizeof fuzz_write.dir, "/tmp/fuzz-megatron-write-%d", (int)getpid());
+    if (fuzz_scratch_dir("megatron-write", fuzz_write.dir, sizeof fuzz_write.dir))
+        harness_broken("the scratch directory");
     snprintf(fuzz_write.source, sizeof fuzz_write.source, "%s/source", fuzz_write.dir);
     snprintf(fuzz_write.out, sizeof fuzz_write.out, "%s/out", fuzz_write.dir);
-    char rank_dir[160], file[200];
+    char rank_dir[700], file[800];
     snprintf(rank_dir, sizeof rank_dir, "%s/mp_rank_00", fuzz_write.source);
     snprintf(file, sizeof file, "%s/model_optim_rng.pt", rank_dir);
-    if (mkdir(fuzz_write.dir, 0700) != 0 || mkdir(fuzz_write.source, 0700) != 0 || mkdir(rank_dir, 0700) != 0)
+    if (mkdir(fuzz_write.source, 0700) != 0 || mkdir(rank_dir, 0700) != 0)
         harness_broken(fuzz_write.dir);
     atexit(fuzz_write_cleanup);
-    FILE *in = fopen(WRITE_BASE_FILE, "rb"), *out = fopen(file, "wb");
-    if (!in || !out) harness_broken(WRITE_BASE_FILE);
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, n, out) != n) harness_broken(file);
-    fclose(in);
-    if (fclose(out) != 0) harness_broken(file);
+    if (fuzz_copy_file(WRITE_BASE_FILE, file)) harness_broken(file);
     if (megatron_open(fuzz_write.source, &fuzz_write.template) != 0) harness_broken("megatron_open");
     if (megatron_reader_open(fuzz_write.template, 0, &fuzz_write.reader) != 0) harness_broken("megatron_reader_open");
     char iteration_dir[4200];

@@ -13,25 +13,15 @@
 #include <unistd.h>
 
 #include "../../formats/formats.h"
+#include "../support/fuzz_scratch.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char index_dir[64];
-
-static void remove_index_dir(void)
-{
-    const char *names[] = {"a.safetensors", "b.safetensors", "model.safetensors.index.json"};
-    char path[128];
-    for (int i = 0; i < 3; i++) {
-        snprintf(path, sizeof path, "%s/%s", index_dir, names[i]);
-        unlink(path);
-    }
-    rmdir(index_dir);
-}
+static char index_dir[512];
 
 static int write_file(const char *name, const void *data, size_t size)
 {
-    char path[128];
+    char path[640];
     snprintf(path, sizeof path, "%s/%s", index_dir, name);
     FILE *f = fopen(path, "wb");
     if (!f) return -1;
@@ -43,9 +33,7 @@ static int write_file(const char *name, const void *data, size_t size)
 static int make_index_dir(void)
 {
     if (index_dir[0]) return 0;
-    snprintf(index_dir, sizeof index_dir, "%s", "/tmp/fuzz-safetensors-XXXXXX");
-    if (!mkdtemp(index_dir)) return -1;
-    atexit(remove_index_dir);
+    if (fuzz_scratch_dir("safetensors", index_dir, sizeof index_dir)) return index_dir[0] = '\0', -1;
     for (int i = 0; i < 2; i++) {
         char file[128];
         int n = snprintf(file + 8, sizeof file - 8, "{\"%c\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",

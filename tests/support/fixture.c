@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "fixture.h"
@@ -16,17 +17,27 @@
 
 char dir[512];
 
-void make_dir(void)
-{
-    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    snprintf(dir, sizeof dir, "%s/tp-ckpt-test-XXXXXX", base);
-    cr_assert_not_null(mkdtemp(dir));
-}
-
 static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
 {
     (void)st, (void)type, (void)ftw;
     return remove(path);
+}
+
+/* At the test process's exit: the directory if a test left it. A skipped
+ * test (cr_skip_test) ends its process without the suite's .fini, and left
+ * an empty directory in /tmp at every make test. */
+static void remove_dir_if_left(void)
+{
+    if (dir[0] && access(dir, F_OK) == 0) (void)nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void make_dir(void)
+{
+    static int registered;
+    if (!registered) registered = atexit(remove_dir_if_left) == 0;
+    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(dir, sizeof dir, "%s/tp-ckpt-test-XXXXXX", base);
+    cr_assert_not_null(mkdtemp(dir));
 }
 
 /* In C, not `rm -rf`: the tests also run where there is no shell

@@ -1,0 +1,45 @@
+/* fuzz_scratch.c: the fuzzers' scratch directories (fuzz_scratch.h). */
+#include "fuzz_scratch.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "../../store/store.h"
+
+static char scratch[512];
+
+static void remove_scratch(void)
+{
+    if (scratch[0]) (void)store_posix()->remove_tree(store_posix(), scratch);
+}
+
+int fuzz_scratch_dir(const char *name, char *out, size_t size)
+{
+    static int made;
+    if (!made) {
+        made = 1;
+        const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        snprintf(scratch, sizeof scratch, "%s/tp-fuzz-XXXXXX", base);
+        if (!mkdtemp(scratch)) scratch[0] = '\0';
+        else if (atexit(remove_scratch) != 0) remove_scratch(), scratch[0] = '\0';
+    }
+    if (!scratch[0]) return -1;
+    int n = snprintf(out, size, "%s/%s", scratch, name);
+    if (n < 0 || (size_t)n >= size) return -1;
+    return mkdir(out, 0700) == 0 || errno == EEXIST ? 0 : -1;
+}
+
+int fuzz_copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    char buf[1 << 16];
+    size_t n;
+    int ok = in && out;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
+    if (ok && ferror(in)) ok = 0;
+    if (in) fclose(in);
+    if (out && fclose(out) != 0) ok = 0;
+    return ok ? 0 : -1;
+}
