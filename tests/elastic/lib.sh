@@ -56,14 +56,16 @@ summary_field() {
 # stack's startup defect (mpi_startup_crash): srun --kill-on-bad-exit ends
 # the other tasks of the step.
 # A crash's own lines come first (the signal, the faulting address, the
-# backtrace), which the tail alone cut off: without them a crash could not
-# be told from the MPI stack's defect (mpi_startup_crash).
+# backtrace), then how srun saw each task end and the trainer's errors,
+# which the tail alone cut off: without them a crash could not be told from
+# the MPI stack's defect (mpi_startup_crash), nor which task ended first.
 show_launches_if_failed() {
     [ "$FAILED" -gt "$1" ] || return 0
     for _f in "$2"/elastic/launch-*.out; do
         echo "    $_f:"
         grep -E "Signal: |Signal code|Failing at address|\] \[ *[0-9]+\] |AddressSanitizer|^ *#[0-9]+ " "$_f" | head -n 20 |
             sed 's/^/      crash: /'
+        grep -E "^srun: error: .*task|^tp-train: (error|fatal)" "$_f" | head -n 10 | sed 's/^/      ended: /'
         tail -n 15 "$_f" | sed 's/^/      /'
     done
 }
