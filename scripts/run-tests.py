@@ -25,7 +25,10 @@ ONEDNN_MAX_CPU_ISA, printed when set). Every Python command of every test is
 a fork of one server started for the run (tests/support/py_server.py), which
 imported PyTorch once. What a test leaves running comes back here (a child
 subreaper) and is reaped, so the run's processor seconds, printed with its
-total, count everything the tests started.
+total, count everything the tests started. Each test has a TMPDIR of its
+own, which must be empty when it ends: a test that leaves anything there
+fails, naming it (Open MPI's session directory, which ranks a test kills
+leave, is not the test's, and goes with the rest).
 
 Usage: scripts/run-tests.py [--tier check|full] [--jobs N] [--repeat N]
                             [--only NAME]... [--list]
@@ -49,6 +52,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -221,9 +225,23 @@ def environment(test, python_server):
     return env
 
 
+# Open MPI's session directory (ompi.HOST.UID), left by ranks a test kills.
+NOT_THE_TESTS = re.compile(r"^ompi\.")
+
+
 class Running:
+    started_count = 0
+
     def __init__(self, test, logdir, python_server):
         self.test = test
+        # A short path: Open MPI and PMIx put Unix sockets under TMPDIR.
+        Running.started_count += 1
+        # Open to all as /tmp is: tests run tools as another user (nobody),
+        # who must reach the files they are given.
+        self.tmpdir = os.path.join(logdir, "t", str(Running.started_count))
+        os.makedirs(self.tmpdir)
+        for path, mode in ((logdir, 0o755), (os.path.dirname(self.tmpdir), 0o755), (self.tmpdir, 0o1777)):
+            os.chmod(path, mode)
         self.log = open(os.path.join(logdir, test.path.replace("/", "_") + ".log"), "w+", encoding="utf-8",
                         errors="replace")
         if test.kind == "unit":
@@ -233,8 +251,9 @@ class Running:
             argv = ["sh", test.path]
         # A process group of its own, so that a test past its time limit
         # goes with everything it started.
+        env = dict(environment(test, python_server), TMPDIR=self.tmpdir)
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=environment(test, python_server), start_new_session=True)
+                                     env=env, start_new_session=True)
         self.started = time.monotonic()
         self.stopping = None  # when SIGTERM was sent
 
@@ -243,6 +262,12 @@ class Running:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
             pass
+
+    def leftovers(self):
+        """What the test left in its TMPDIR (then removed with the rest)."""
+        left = sorted(n for n in os.listdir(self.tmpdir) if not NOT_THE_TESTS.match(n))
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        return left
 
 
 def report(test, code, seconds, cpu, log):
@@ -321,6 +346,12 @@ def run_round(tests, jobs, logdir, limit, python_server):
                 code = r.proc.returncode if r.proc.returncode >= 0 else 128 - r.proc.returncode
                 if r.stopping is not None:
                     code = code or 124
+                left = r.leftovers()
+                if left:
+                    r.log.seek(0, os.SEEK_END)
+                    r.log.write(f"run-tests: FAIL: the test left in its TMPDIR: {' '.join(left[:10])}"
+                                f"{' and %d more' % (len(left) - 10) if len(left) > 10 else ''}\n")
+                    code = code or 1
                 seconds = now - r.started
                 cpu = usage.ru_utime + usage.ru_stime if usage else 0.0
                 r.test.runs.append((code == 0, seconds))
