@@ -676,10 +676,12 @@ int ckpt_run_claim_free(const char *run_dir);
  * run of its own (tp-ckpt synth, import, copy, tp-reshard: an output named
  * step_N, which becomes the run's `latest`): shared with other such
  * writers, refused (naming the holder) while a run holds run_dir, and a run
- * is refused while it is held. In an object store *out is NULL (a lease is
- * not shared): a live run's lease refuses the writer all the same, after a
- * wait of up to a lease period (TP_RUN_LEASE_SECONDS) for one that is no
- * longer renewed to prove dead; no trainer is refused while it writes. */
+ * is refused while it is held. In an object store (a lease is not shared):
+ * a live run's lease refuses the writer all the same, after a wait of up to
+ * a lease period (TP_RUN_LEASE_SECONDS) for one that is no longer renewed
+ * to prove dead; the writer then holds a lease of its own
+ * (run_dir/.tp-run.writers/OWNER), which refuses a trainer starting while
+ * it writes. */
 int ckpt_run_claim_share(const char *run_dir, const char *program, ckpt_run_claim **out);
 /* TP_OK while the claim holds; an error naming the new holder once a lease
  * was taken over (this run's renewals held up for a period). */

@@ -14,11 +14,12 @@
  * over only when provably dead: its holder is a process of this machine
  * that no longer exists, or it stayed unchanged for a whole period (its
  * holder's, as the lease records it in period_seconds, when longer than the
- * watcher's own). A
- * lease is written, then read back after a pause, so that of two writers
- * starting at once the one whose lease was overwritten sees it and gives
- * way. The run's local cache directory is locked as a local run directory
- * too. */
+ * watcher's own). A lease is written, then read back after a pause, so
+ * that of two trainers starting at once the one whose lease was overwritten
+ * sees it and gives way. The writers of a step beside no run (who share a
+ * local lock) hold a lease each, run_dir/.tp-run.writers/OWNER, which a
+ * trainer starting lists (share_remote, check_writer_leases). The run's
+ * local cache directory is locked as a local run directory too. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -39,6 +40,11 @@
 
 #define LOCK_NAME ".tp-run.lock"
 #define LEASE_NAME ".tp-run.lease"
+/* A writer's lease: WRITERS_DIR/OWNER, one object a writer (listed by its
+ * own path: WebDAV servers leave a run directory's dot files out of its
+ * listing). */
+#define WRITERS_DIR ".tp-run.writers"
+#define WRITERS_MAX 1024 /* leases a trainer reads there at start (a listing is untrusted) */
 #define HOLDER_MAX CKPT_LEASE_HOLDER_MAX
 #define LEASE_DEFAULT_SECONDS 30
 #define LEASE_MIN_SECONDS 2
@@ -190,11 +196,15 @@ static double lease_lifetime(const ckpt_run_claim *claim, const lease *l)
     return l->period > claim->renewer.period ? l->period : claim->renewer.period;
 }
 
-static int refuse(const ckpt_run_claim *claim, const char *run_dir, const lease *l)
+/* The refusal of a live lease at url: a run's, or a writer's (a
+ * checkpoint being written into the run directory beside no run). */
+static int refuse(const ckpt_run_claim *claim, const char *run_dir, const char *url, const lease *l)
 {
-    return tp_fail(TP_ERR_EXISTS, "%s is in use by %s: one run per directory (its lease %s is renewed; a "
-                   "crashed run's lease lapses %.0f s after its last renewal)", run_dir, l->holder,
-                   claim->lease_url, lease_lifetime(claim, l));
+    int writer = strstr(url, "/" WRITERS_DIR "/") != NULL;
+    return tp_fail(TP_ERR_EXISTS, "%s is in use by %s%s: one run per directory (its lease %s is renewed; a "
+                   "crashed %s's lease lapses %.0f s after its last renewal)", run_dir, l->holder,
+                   writer ? ", writing a checkpoint into it" : "", url, writer ? "writer" : "run",
+                   lease_lifetime(claim, l));
 }
 
 /* Waits until a lease found there proves dead (its holder gone, or no
@@ -202,7 +212,7 @@ static int refuse(const ckpt_run_claim *claim, const char *run_dir, const lease 
  * refused). Watched for this claim's own period only, a holder of a
  * longer one (renewing every quarter of it) was taken for dead between
  * two renewals. */
-static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const lease *found)
+static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const char *url, const lease *found)
 {
     double start = now_seconds(), lifetime = lease_lifetime(claim, found);
     lease seen = *found;
@@ -216,16 +226,16 @@ static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const leas
         if (!announced && now_seconds() - start >= 2) {
             char text[CKPT_PATH_MAX + HOLDER_MAX + 160];
             snprintf(text, sizeof text, "%s names %s: watching it for up to %.0f s to see whether it is renewed (a "
-                     "live run) or has lapsed", claim->lease_url, seen.holder, lifetime);
+                     "live holder) or has lapsed", url, seen.holder, lifetime);
             store_notify(text);
             announced = 1;
         }
         sleep_seconds(claim->renewer.period / 8); /* a renewal seen soon, however long the lifetime */
         int present = 0;
         lease now;
-        TP_TRY(read_lease(claim->lease_url, &present, &now));
+        TP_TRY(read_lease(url, &present, &now));
         if (!present) return TP_OK; /* released */
-        if (strcmp(now.owner, seen.owner) != 0 || now.renewals != seen.renewals) return refuse(claim, run_dir, &now);
+        if (strcmp(now.owner, seen.owner) != 0 || now.renewals != seen.renewals) return refuse(claim, run_dir, url, &now);
     }
 }
 
@@ -243,13 +253,61 @@ static void renew(void *ctx, ckpt_lease_renewer *renewer)
     else if (!status) write_lease(claim, ++claim->renewals);
 }
 
+typedef struct {
+    char (*names)[CKPT_PATH_MAX];
+    int count, capacity;
+} name_list;
+
+static int collect_writer_lease(void *ctx, const char *name)
+{
+    name_list *l = ctx;
+    if (l->count == WRITERS_MAX)
+        return tp_fail(TP_ERR_FORMAT, "%s: more than %d writers' leases in %s/: remove the stale ones by hand",
+                       name, WRITERS_MAX, WRITERS_DIR);
+    if (l->count == l->capacity) {
+        int capacity = l->capacity ? 2 * l->capacity : 4;
+        void *grown = realloc(l->names, (size_t)capacity * sizeof *l->names);
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory for the writers' leases");
+        l->names = grown;
+        l->capacity = capacity;
+    }
+    snprintf(l->names[l->count++], CKPT_PATH_MAX, "%s", name);
+    return TP_OK;
+}
+
+/* A run starting refuses a live writer's lease there, as a local run's
+ * exclusive lock refuses a writer's shared one: each found is watched
+ * until it proves dead (then removed, so that no later run waits for it
+ * again) or alive. */
+static int check_writer_leases(ckpt_run_claim *claim, const char *run_dir)
+{
+    const store_ops *store;
+    char writers[CKPT_PATH_MAX];
+    TP_TRY(store_for(run_dir, &store));
+    TP_TRY(tp_path_join(writers, run_dir, WRITERS_DIR));
+    name_list found = {0};
+    int status = store->list(store, writers, collect_writer_lease, &found);
+    if (status == TP_ERR_NOT_FOUND) status = TP_OK; /* no writer ever wrote there */
+    for (int i = 0; i < found.count && !status; i++) {
+        char url[CKPT_PATH_MAX];
+        int present = 0;
+        lease l;
+        status = tp_path_join(url, writers, found.names[i]);
+        if (!status) status = read_lease(url, &present, &l);
+        if (!status && present) status = wait_for_lease(claim, run_dir, url, &l);
+        if (!status && present) store_delete(url); /* proved dead */
+    }
+    free(found.names);
+    return status;
+}
+
 static int take_lease(ckpt_run_claim *claim, const char *run_dir)
 {
     TP_TRY(tp_path_join(claim->lease_url, run_dir, LEASE_NAME));
     int present = 0;
     lease found;
     int status = read_lease(claim->lease_url, &present, &found);
-    if (!status && present) status = wait_for_lease(claim, run_dir, &found);
+    if (!status && present) status = wait_for_lease(claim, run_dir, claim->lease_url, &found);
     if (!status) status = write_lease(claim, 0);
     if (status) {
         /* Refused, or the store failed before this claim wrote a lease: the
@@ -264,14 +322,21 @@ static int take_lease(ckpt_run_claim *claim, const char *run_dir)
     sleep_seconds(claim->renewer.period / 8 < 1 ? claim->renewer.period / 8 : 1);
     TP_TRY(read_lease(claim->lease_url, &present, &found));
     if (!present || strcmp(found.owner, claim->owner) != 0) {
+        char url[CKPT_PATH_MAX];
+        snprintf(url, sizeof url, "%s", claim->lease_url);
         claim->lease_url[0] = '\0'; /* not ours: never removed by us */
         if (!present) return tp_fail(TP_ERR_IO, "%s: the lease written there vanished", run_dir);
-        return refuse(claim, run_dir, &found);
+        return refuse(claim, run_dir, url, &found);
     }
+    /* Once this run's lease stands, renewed (a writer's lease is watched
+     * for up to a period): a writer starting now sees it (the writer looks
+     * again after writing its own), one before is seen here. */
     status = ckpt_lease_renewer_start(&claim->renewer, claim->lease_url);
+    if (!status) status = check_writer_leases(claim, run_dir);
     if (status) {
         char message[1024]; /* the removal's own failure would replace it */
         snprintf(message, sizeof message, "%s", tp_errmsg());
+        ckpt_lease_renewer_stop(&claim->renewer);
         store_delete(claim->lease_url);
         claim->lease_url[0] = '\0';
         return tp_fail(status, "%s", message);
@@ -300,6 +365,40 @@ int ckpt_run_claim_take(const char *run_dir, const char *local_dir, const char *
     return TP_OK;
 }
 
+/* A writer's share of a run directory in an object store, where leases
+ * are not shared. A live run's lease refuses it, as a live run's lock does:
+ * watched until it proves dead (its holder gone from this machine, or no
+ * renewal for a period: a crashed run's) or alive. Then the writer's own
+ * lease, run_dir/.tp-run.writers/OWNER (one object a writer), renewed while
+ * it writes, refuses a run starting meanwhile (check_writer_leases); the
+ * run's lease is read again once the writer's stands, for a run that
+ * started between the two. Before, `tp-reshard -o URL/step_N` beside a
+ * trainer took its `latest` over, and a trainer started beside such a
+ * writer was not refused. */
+static int share_remote(ckpt_run_claim *claim, const char *run_dir)
+{
+    char run_lease[CKPT_PATH_MAX], name[STORE_OWNER_MAX + 32];
+    int present = 0, again = 0;
+    lease before, now;
+    TP_TRY(tp_path_join(run_lease, run_dir, LEASE_NAME));
+    TP_TRY(read_lease(run_lease, &present, &before));
+    if (present) TP_TRY(wait_for_lease(claim, run_dir, run_lease, &before));
+    TP_TRY(store_staging_owner(claim->owner, sizeof claim->owner));
+    snprintf(name, sizeof name, "%s/%s", WRITERS_DIR, claim->owner);
+    TP_TRY(tp_path_join(claim->lease_url, run_dir, name));
+    int status = write_lease(claim, 0);
+    if (status) {
+        claim->lease_url[0] = '\0'; /* nothing of this claim's to remove */
+        return status;
+    }
+    status = ckpt_lease_renewer_start(&claim->renewer, claim->lease_url);
+    if (!status) status = read_lease(run_lease, &again, &now);
+    /* A lease already waited out, unchanged, is not waited for twice. */
+    if (!status && again && (!present || strcmp(now.owner, before.owner) != 0 || now.renewals != before.renewals))
+        status = wait_for_lease(claim, run_dir, run_lease, &now);
+    return status; /* refused: the caller's release stops the renewals and removes this lease */
+}
+
 int ckpt_run_claim_share(const char *run_dir, const char *program, ckpt_run_claim **out)
 {
     *out = NULL;
@@ -309,25 +408,10 @@ int ckpt_run_claim_share(const char *run_dir, const char *program, ckpt_run_clai
     int status = store_is_remote(run_dir) ? ckpt_lease_period("TP_RUN_LEASE_SECONDS", LEASE_DEFAULT_SECONDS,
                                                               LEASE_MIN_SECONDS, LEASE_MAX_SECONDS, &period)
                                           : TP_OK;
-    ckpt_lease_renewer_init(&claim->renewer, period, renew, claim); /* never started: this claim writes no lease */
+    ckpt_lease_renewer_init(&claim->renewer, period, renew, claim); /* started for an object store's writer lease */
     ckpt_lease_describe_holder(program, claim->holder, sizeof claim->holder);
-    if (!status && store_is_remote(run_dir)) {
-        /* An object store's lease is not shared: such a writer takes none.
-         * But a live run's lease refuses it, as a live run's lock does: a
-         * lease found there is watched until it proves dead (its holder gone
-         * from this machine, or no renewal for a period: a crashed run's) or
-         * alive (renewed). Before, `tp-reshard -o URL/step_N` beside a
-         * trainer took its `latest` over. */
-        int present = 0;
-        lease found;
-        status = tp_path_join(claim->lease_url, run_dir, LEASE_NAME);
-        if (!status) status = read_lease(claim->lease_url, &present, &found);
-        if (!status && present) status = wait_for_lease(claim, run_dir, &found);
-        claim->lease_url[0] = '\0'; /* never this claim's: never removed by it */
-        ckpt_run_claim_release(claim);
-        return status;
-    }
-    if (!status) status = lock_local(run_dir, claim->holder, STORE_LOCK_SHARED, &claim->lock);
+    if (!status && store_is_remote(run_dir)) status = share_remote(claim, run_dir);
+    else if (!status) status = lock_local(run_dir, claim->holder, STORE_LOCK_SHARED, &claim->lock);
     if (status) {
         ckpt_run_claim_release(claim);
         return status;

@@ -243,6 +243,24 @@ static int scan_url(const store_ops *store, const char *url, const char *own, ur
     return status == TP_ERR_NOT_FOUND ? TP_OK : status; /* nothing there */
 }
 
+/* A claim's writer known by its owner alone (HOST-PID-NONCE,
+ * store_staging_owner), its claim gone before it was read (the upload
+ * finished): "the upload of pid 41 on host n1 (its claim NAME)", as a
+ * writer is named when its claim is read; CLAIM_WRITER_MAX bytes. */
+static void describe_owner(const char *owner, char *out)
+{
+    const char *nonce = strrchr(owner, '-');
+    const char *pid = nonce && nonce > owner ? nonce - 1 : NULL;
+    while (pid && pid > owner && pid[-1] != '-') pid--;
+    long value = 0;
+    int digits = pid && pid > owner && sscanf(pid, "%ld", &value) == 1 && value > 0;
+    if (digits)
+        snprintf(out, CLAIM_WRITER_MAX, "the upload of pid %ld on host %.*s (its claim %s%s)", value,
+                 (int)(pid - 1 - owner), owner, CLAIM_PREFIX, owner);
+    else
+        snprintf(out, CLAIM_WRITER_MAX, "the upload of the claim %s%s", CLAIM_PREFIX, owner);
+}
+
 /* Whether the claim of owner, seen in this writer's listing, lets it go on:
  * TP_OK when the other gives way or is gone (its writer then in gone_writer,
  * CLAIM_WRITER_MAX bytes: it finished or gave up; or taken over, with
@@ -258,7 +276,7 @@ static int claim_judge(upload_claim *c, const char *owner, int replace, char *go
     while (!status) {
         if (!found) { /* its writer finished or gave up since the listing */
             if (seen->writer[0]) snprintf(gone_writer, CLAIM_WRITER_MAX, "%s", seen->writer);
-            else snprintf(gone_writer, CLAIM_WRITER_MAX, "the upload of the claim %s%s", CLAIM_PREFIX, owner);
+            else describe_owner(owner, gone_writer);
             break;
         }
         int first = seen->chosen && (!claim_saw(seen, c->own.owner) || strcmp(seen->owner, c->own.owner) < 0);
@@ -419,6 +437,7 @@ static int claim_take(const char *url, int replace, upload_claim **out)
         status = ckpt_lease_renewer_start(&c->renewer, c->path);
     }
     char gone_writer[CLAIM_WRITER_MAX] = "";
+    tp_fault_point("upload-judging"); /* a test holds a writer here: the others' claims listed, none read */
     for (int i = 0; !status && i < scan->num_claims; i++)
         status = claim_judge(c, scan->claims[i], replace, gone_writer);
     /* Chosen: once more, what is there now (a claim gone since the first

@@ -229,7 +229,7 @@ int cli_write_output(const char *target, int replace, store_replace_check may_re
      * trainer holds (it took `latest` over, and the trainer's next saves
      * stayed behind it), and no trainer starts there meanwhile; other such
      * writers share it. (In an object store, a live run's lease refuses
-     * such a writer; no lease is taken.) */
+     * such a writer, whose own lease refuses a trainer meanwhile.) */
     ckpt_run_claim *claim = NULL;
     char run_dir[CKPT_PATH_MAX], name[CKPT_PATH_MAX];
     int status = TP_OK;

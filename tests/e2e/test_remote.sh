@@ -608,6 +608,19 @@ else
     # --- 6. synth, verify, diff; a multipart upload.
     expect_ok "synth to s3://" "$CK" synth -o s3://bkt/run/step_00000010 $SYNTH --step 10
     check "the bucket's latest names step_00000010" [ "$(cat "$S3D/run/latest._S3rver_object")" = step_00000010 ]
+    check "the writer's lease went with it" sh -c "! find '$S3D/run' -path '*.tp-run.writers*' -name '*._S3rver_object' | grep -q ."
+    # A trainer started while such a writer writes (held at its commit) is
+    # refused by the writer's lease, listed under S3's prefix.
+    TP_RUN_LEASE_SECONDS=3 TP_CKPT_FAULT="before-rename:WAIT:$WORK/s3w.release" \
+        "$CK" synth -o s3://bkt/wrun/step_00000002 $SYNTH --step 2 >/dev/null 2>&1 &
+    s3writer=$!
+    wait_for "$WORK/s3w.release.held" 60
+    expect_error "a trainer beside an s3:// writer of a step: refused by its lease" 1 \
+        "s3://bkt/wrun is in use by tp-ckpt \(pid $s3writer .*writing a checkpoint into it.*s3://bkt/wrun/\.tp-run\.writers/" \
+        env TP_RUN_LEASE_SECONDS=3 "$TRAIN" $TINY --ckpt-dir s3://bkt/wrun --ckpt-cache "$WORK/s3w-cache" --resume
+    : >"$WORK/s3w.release"
+    wait $s3writer
+    check "the held s3:// writer committed (exit $?)" [ "$(cat "$S3D/wrun/latest._S3rver_object")" = step_00000002 ]
     expect_ok "verify the s3:// run" "$CK" verify s3://bkt/run
     check "verify took the step" grep -q "^ok: s3://bkt/run/step_00000010: 84 tensors" "$WORK/.out"
     expect_ok "diff local against s3://" "$CK" diff "$WORK/local10" s3://bkt/run/step_00000010

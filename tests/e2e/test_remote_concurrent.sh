@@ -10,7 +10,8 @@
 #   1. the reviewer's mix: A and B both past their checks with their shards
 #      in flight, A's shards up, B's over them with B's index, then A's index;
 #   2. two claims made at once (each before the other looked): the tie is
-#      broken, one goes on;
+#      broken, one goes on; a claim listed, and gone with its finished
+#      upload before it was read: that upload named;
 #   3. a writer killed outright after its claim: refused without --force,
 #      naming it; replaced with --force at once (its process is gone); a
 #      claim from another machine, never renewed, taken over after
@@ -135,6 +136,27 @@ concurrent_parts() {
     rb=$RCW
     one_won "$store 2 (two claims at once)" "$P/c2" "$ra" "$rb"
     check_all "$store 2: no claim is left at the URL" '! $list c2 | grep -q "^tp-upload-claim\."'
+
+    # --- 2b. A writer that listed another's claim and, before it read it,
+    # found it gone with its upload finished (met under load in case 2): it
+    # names that upload's process all the same (it said "the upload of the
+    # claim tp-upload-claim.OWNER").
+    rm -f "$WORK"/g*
+    start A "upload-claiming:WAIT:$WORK/ga0,upload-judging:WAIT:$WORK/ga1" "$CK" copy "$WORK/A" "$P/c2b"
+    held "$WORK/ga0" "$PID_A"
+    start B "upload-before-index:WAIT:$WORK/gb1" "$CK" copy "$WORK/B" "$P/c2b"
+    held "$WORK/gb1" "$PID_B"
+    touch "$WORK/ga0"
+    held "$WORK/ga1" "$PID_A"
+    touch "$WORK/gb1"
+    finished "$PID_B"
+    rb=$RCW
+    touch "$WORK/ga1"
+    finished "$PID_A"
+    ra=$RCW
+    one_won "$store 2b (the other's claim gone before it was read)" "$P/c2b" "$ra" "$rb"
+    check "$store 2b: the loser says the other finished while it chose" \
+        grep -q "put by another upload that finished while this one was choosing: the upload of pid $PID_B on host" "$WORK/A.err"
 
     # --- 3. A writer killed outright after its claim: its claim stays.
     run env TP_CKPT_FAULT=upload-claimed "$CK" copy "$WORK/A" "$P/c3"

@@ -12,7 +12,9 @@
 #   lease taken at once (its pid gone on this machine); another machine's
 #   stale lease waited out for a period, then taken; a malformed lease
 #   refused by name; a lease overwritten under a live trainer stops it
-#   before its next checkpoint; a finished run's lease removed.
+#   before its next checkpoint; a finished run's lease removed; a writer of
+#   a step (tp-ckpt synth) refused by a live run's lease, and a trainer by
+#   a live writer's lease, a dead one's waited out and removed.
 # tier: full
 . "$(dirname "$0")/lib.sh"
 . "$ROOT/tests/support/objstore.sh"
@@ -200,6 +202,37 @@ rc=$?
 check_all "a writer watches a lease for the lease's own period (20 s), not its own (3 s): refused (exit $rc)" \
     '[ $rc -ne 0 ] && grep -q "$U/r6 is in use by tp-train (pid 8 on host far-slow.*lapses 20 s after" "$WORK/r6.out"'
 check "and sent nothing there" sh -c "! curl -s -f '$U/r6/step_00000003/index.json' >/dev/null"
+
+# And the other way, as in a local run directory: no trainer starts in an
+# object store's run directory a writer is writing into (held at its
+# commit); the writer's lease (one object a writer) goes when it is done.
+writer_leases() { ls "$WORK/dav/$1/.tp-run.writers" 2>/dev/null; }
+TP_CKPT_FAULT="before-rename:WAIT:$WORK/r7.release" "$CK" synth -o "$U/r7/step_00000006" --step 6 --tp 1 --pp 1 \
+    --model tiny >"$WORK/r7.out" 2>&1 &
+writer=$!
+wait_for "$WORK/r7.release.held" 60
+check "the writer's lease names it" sh -c "curl -s -f '$U/r7/.tp-run.writers/$(writer_leases r7 | head -n 1)' | grep -q '\"pid\":$writer'"
+expect_error "a trainer in an object store's run directory a writer is writing into: refused, naming it" 1 \
+    "$U/r7 is in use by tp-ckpt \(pid $writer $HOST_PATTERN.*, writing a checkpoint into it.*its lease $U/r7/\.tp-run\.writers/" \
+    "$TRAIN" --model tiny --quiet --steps 8 --ckpt-every 2 --ckpt-dir "$U/r7" --ckpt-cache "$WORK/cache-f" --resume
+check "the refused trainer left no lease of its own" sh -c "! curl -s -f '$U/r7/.tp-run.lease' >/dev/null"
+: >"$WORK/r7.release"
+wait $writer
+rc=$?
+check_all "the held writer committed (exit $rc), latest its step, its lease gone" \
+    '[ $rc -eq 0 ] && [ "$(curl -s -f "$U/r7/latest")" = step_00000006 ] && [ -z "$(writer_leases r7)" ]'
+# A writer's lease of another machine, no longer renewed: waited out for a
+# period, then removed, so that no later run waits for it again.
+curl -s -f -T - "$U/r7/.tp-run.writers/far-3-0" >/dev/null <<'EOF'
+{"owner":"far-3-0","holder":"tp-reshard (pid 10 on host far-away, since 2026-01-01T00:00:00Z)","host":"far-away","pid":10,"renewals":2}
+EOF
+start=$(date +%s%N)
+expect_ok "a stale writer's lease of another machine does not hold a trainer back: waited out, then taken" \
+    "$TRAIN" --model tiny --quiet --steps 8 --ckpt-every 2 --ckpt-dir "$U/r7" --ckpt-cache "$WORK/cache-f" --resume
+waited=$((($(date +%s%N) - start) / 1000000))
+check "it waited a whole period (${waited} ms >= 3000), naming the writer's lease" \
+    sh -c "[ $waited -ge 3000 ] && grep -q 'r7/.tp-run.writers/far-3-0 names tp-reshard (pid 10 on host far-away' '$WORK/.err'"
+check "the dead writer's lease removed" [ -z "$(writer_leases r7)" ]
 
 echo '{"owner": 5}' | curl -s -f -T - "$U/r3/.tp-run.lease" >/dev/null
 expect_error "a malformed lease refused by name, never taken as free" 1 "$U/r3/.tp-run.lease: not a run lease" \
