@@ -22,16 +22,8 @@ static const char *fuzz_dcp_dir(void)
 {
     static int made;
     static char dir[512];
-    if (made) return dir;
-    made = 1;
-    const char *files[] = {"__0_0.distcp", "__1_0.distcp"};
-    char from[512], to[768];
-    if (fuzz_scratch_dir("dcp", dir, sizeof dir)) return dir[0] = '\0', dir;
-    for (int i = 0; i < 2; i++) {
-        snprintf(from, sizeof from, "tests/data/dcp/cols2/%s", files[i]);
-        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
-        if (fuzz_copy_file(from, to)) return dir[0] = '\0', dir;
-    }
+    static const char *const files[] = {"__0_0.distcp", "__1_0.distcp"};
+    if (!made) made = 1, (void)fuzz_scratch_with_copies("dcp", "tests/data/dcp/cols2", files, 2, dir, sizeof dir);
     return dir;
 }
 

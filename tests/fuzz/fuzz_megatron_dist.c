@@ -23,16 +23,10 @@ static const char *fuzz_dist_dir(void)
 {
     static int made;
     static char dir[512];
-    if (made) return dir;
-    made = 1;
-    const char *files[] = {"__0_0.distcp", "common.pt", "metadata.json"};
-    char from[512], to[768];
-    if (fuzz_scratch_dir("megatron-dist", dir, sizeof dir)) return dir[0] = '\0', dir;
-    for (int i = 0; i < 3; i++) {
-        snprintf(from, sizeof from, "tests/data/megatron-dist/dp_reshardable/%s", files[i]);
-        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
-        if (fuzz_copy_file(from, to)) return dir[0] = '\0', dir;
-    }
+    static const char *const files[] = {"__0_0.distcp", "common.pt", "metadata.json"};
+    if (!made)
+        made = 1, (void)fuzz_scratch_with_copies("megatron-dist", "tests/data/megatron-dist/dp_reshardable", files, 3,
+                                                 dir, sizeof dir);
     return dir;
 }
 

@@ -31,6 +31,19 @@ int fuzz_scratch_dir(const char *name, char *out, size_t size)
     return mkdir(out, 0700) == 0 || errno == EEXIST ? 0 : -1;
 }
 
+int fuzz_scratch_with_copies(const char *name, const char *from_dir, const char *const *files, int count, char *out,
+                             size_t size)
+{
+    if (fuzz_scratch_dir(name, out, size)) return out[0] = '\0', -1;
+    char from[1024], to[1024];
+    for (int i = 0; i < count; i++) {
+        snprintf(from, sizeof from, "%s/%s", from_dir, files[i]);
+        snprintf(to, sizeof to, "%s/%s", out, files[i]);
+        if (fuzz_copy_file(from, to)) return out[0] = '\0', -1;
+    }
+    return 0;
+}
+
 int fuzz_copy_file(const char *from, const char *to)
 {
     FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;

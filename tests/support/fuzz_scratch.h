@@ -14,6 +14,12 @@
  * is not there, its path in out; 0, or -1 when it cannot be made. */
 int fuzz_scratch_dir(const char *name, char *out, size_t size);
 
+/* The subdirectory `name` (fuzz_scratch_dir) holding copies of the count
+ * files named in from_dir (a fixture's data files beside the fuzzed one),
+ * made once a process; 0, or -1 (out then "") when it cannot be made. */
+int fuzz_scratch_with_copies(const char *name, const char *from_dir, const char *const *files, int count, char *out,
+                             size_t size);
+
 /* Copies the file at `from` to `to`; 0, or -1 when a read or write failed. */
 int fuzz_copy_file(const char *from, const char *to);
 
