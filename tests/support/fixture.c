@@ -16,6 +16,7 @@
 #include "../../kernels/convert_bits.h"
 
 char dir[512];
+static pid_t dir_maker; /* a child forked by a test that exits leaves it alone */
 
 static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
 {
@@ -28,7 +29,8 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
  * an empty directory in /tmp at every make test. */
 static void remove_dir_if_left(void)
 {
-    if (dir[0] && access(dir, F_OK) == 0) (void)nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (dir[0] && getpid() == dir_maker && access(dir, F_OK) == 0)
+        (void)nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 void make_dir(void)
@@ -38,6 +40,7 @@ void make_dir(void)
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(dir, sizeof dir, "%s/tp-ckpt-test-XXXXXX", base);
     cr_assert_not_null(mkdtemp(dir));
+    dir_maker = getpid();
 }
 
 /* In C, not `rm -rf`: the tests also run where there is no shell

@@ -5,14 +5,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../../store/store.h"
 
 static char scratch[512];
+static pid_t scratch_maker; /* a forked child's exit leaves it alone */
 
 static void remove_scratch(void)
 {
-    if (scratch[0]) (void)store_posix()->remove_tree(store_posix(), scratch);
+    if (scratch[0] && getpid() == scratch_maker) (void)store_posix()->remove_tree(store_posix(), scratch);
 }
 
 int fuzz_scratch_dir(const char *name, char *out, size_t size)
@@ -22,6 +24,7 @@ int fuzz_scratch_dir(const char *name, char *out, size_t size)
         made = 1;
         const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
         snprintf(scratch, sizeof scratch, "%s/tp-fuzz-XXXXXX", base);
+        scratch_maker = getpid();
         if (!mkdtemp(scratch)) scratch[0] = '\0';
         else if (atexit(remove_scratch) != 0) remove_scratch(), scratch[0] = '\0';
     }
