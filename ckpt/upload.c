@@ -249,14 +249,11 @@ static int scan_url(const store_ops *store, const char *url, const char *own, ur
  * writer is named when its claim is read; CLAIM_WRITER_MAX bytes. */
 static void describe_owner(const char *owner, char *out)
 {
-    const char *nonce = strrchr(owner, '-');
-    const char *pid = nonce && nonce > owner ? nonce - 1 : NULL;
-    while (pid && pid > owner && pid[-1] != '-') pid--;
-    long value = 0;
-    int digits = pid && pid > owner && sscanf(pid, "%ld", &value) == 1 && value > 0;
-    if (digits)
-        snprintf(out, CLAIM_WRITER_MAX, "the upload of pid %ld on host %.*s (its claim %s%s)", value,
-                 (int)(pid - 1 - owner), owner, CLAIM_PREFIX, owner);
+    char host[STORE_OWNER_MAX];
+    long pid;
+    if (store_owner_process(owner, host, sizeof host, &pid))
+        snprintf(out, CLAIM_WRITER_MAX, "the upload of pid %ld on host %s (its claim %s%s)", pid, host, CLAIM_PREFIX,
+                 owner);
     else
         snprintf(out, CLAIM_WRITER_MAX, "the upload of the claim %s%s", CLAIM_PREFIX, owner);
 }

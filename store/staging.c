@@ -110,6 +110,22 @@ int store_staging_owner(char *out, size_t out_size)
     return TP_OK;
 }
 
+int store_owner_process(const char *owner, char *host, size_t host_size, long *pid)
+{
+    const char *nonce = strrchr(owner, '-');
+    if (!nonce || nonce == owner) return 0;
+    const char *pid_text = nonce;
+    while (pid_text > owner && pid_text[-1] != '-') pid_text--;
+    if (pid_text == owner || pid_text == nonce) return 0; /* no host, or no digits */
+    char *end = NULL;
+    long value = strtol(pid_text, &end, 10);
+    if (end != nonce || value <= 0 || (size_t)(pid_text - 1 - owner) >= host_size) return 0;
+    memcpy(host, owner, (size_t)(pid_text - 1 - owner));
+    host[pid_text - 1 - owner] = '\0';
+    *pid = value;
+    return 1;
+}
+
 /* This process's owner name, made once. */
 static char own_owner[STORE_OWNER_MAX];
 
@@ -183,15 +199,9 @@ static int claimer_gone(const char *name)
     if ((size_t)(name + n - start) >= sizeof owner) return 0;
     memcpy(owner, start, (size_t)(name + n - start));
     owner[name + n - start] = '\0';
-    char *nonce = strrchr(owner, '-');
-    if (!nonce) return 0;
-    *nonce = '\0';
-    char *pid_text = strrchr(owner, '-'), *end = NULL;
-    if (!pid_text) return 0;
-    *pid_text++ = '\0';
-    long pid = strtol(pid_text, &end, 10);
-    if (!*pid_text || *end || pid <= 0) return 0;
-    return store_process_gone(owner, pid);
+    char host[STORE_OWNER_MAX];
+    long pid;
+    return store_owner_process(owner, host, sizeof host, &pid) && store_process_gone(host, pid);
 }
 
 /* -------------------------------------------------- entries of dead writers */

@@ -107,6 +107,9 @@ int store_remove_dead_staging(const char *dir);
 /* A fresh owner name: host, process id and a nonce. Distributed writers of
  * one output share the one their committing process made. */
 int store_staging_owner(char *out, size_t out_size);
+/* The host and process id of an owner name (store_staging_owner's form,
+ * HOST-PID-NONCE), host in host_size bytes; 0 when it is not of that form. */
+int store_owner_process(const char *owner, char *host, size_t host_size, long *pid);
 /* The owner name distributed writers of this process share by default. */
 const char *store_process_owner(void);
 /* This machine's name as owners carry it: letters, digits and '-' only. */

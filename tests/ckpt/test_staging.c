@@ -120,6 +120,24 @@ Test(staging, a_dead_writers_leftover_goes_and_a_live_ones_stays)
     cr_assert(ckpt_is_committed(path));
 }
 
+/* An owner name (HOST-PID-NONCE) read back as its host and process, the
+ * host's own '-' kept; anything else is not an owner. */
+Test(staging, an_owner_names_its_host_and_process)
+{
+    char owner[STORE_OWNER_MAX], host[64];
+    long pid = 0;
+    cr_assert_eq(store_staging_owner(owner, sizeof owner), TP_OK);
+    cr_assert(store_owner_process(owner, host, sizeof host, &pid));
+    cr_assert_eq(pid, (long)getpid());
+    cr_assert(store_owner_process("my-host-41-0badf00d", host, sizeof host, &pid));
+    cr_assert_str_eq(host, "my-host");
+    cr_assert_eq(pid, 41);
+    const char *not_owners[] = {"nohyphen", "41-0badf00d", "host-4x1-0badf00d", "host--0badf00d", "host-0-0badf00d"};
+    for (size_t i = 0; i < sizeof not_owners / sizeof *not_owners; i++)
+        cr_assert(!store_owner_process(not_owners[i], host, sizeof host, &pid), "%s", not_owners[i]);
+    cr_assert(!store_owner_process("a-very-long-host-name-12-0badf00d", host, 8, &pid), "a host beyond the buffer");
+}
+
 /* Claims (.staging.new: a staging entry in the instant before its writer
  * locks it) hold no lock to tell: one whose claimer (host-pid in its name) is
  * a process of this machine that is gone goes; one of a live process, or of
