@@ -149,4 +149,8 @@ int ckpt_latest_update(const store_ops *storage, const char *run_dir, const char
 int ckpt_resolve_in(const store_ops *storage, const char *path, char *out);
 int ckpt_candidates_in(const store_ops *storage, const char *path, ckpt_candidate **out, int *count);
 
+/* Appends name to a growing array of names (*names, *count of *capacity;
+ * freed by the caller), for the visitors of a listing. */
+int ckpt_append_name(char (**names)[CKPT_NAME_MAX + 1], int *count, int *capacity, const char *name);
+
 #endif

@@ -254,7 +254,7 @@ static void renew(void *ctx, ckpt_lease_renewer *renewer)
 }
 
 typedef struct {
-    char (*names)[CKPT_PATH_MAX];
+    char (*names)[CKPT_NAME_MAX + 1];
     int count, capacity;
 } name_list;
 
@@ -264,15 +264,7 @@ static int collect_writer_lease(void *ctx, const char *name)
     if (l->count == WRITERS_MAX)
         return tp_fail(TP_ERR_FORMAT, "%s: more than %d writers' leases in %s/: remove the stale ones by hand",
                        name, WRITERS_MAX, WRITERS_DIR);
-    if (l->count == l->capacity) {
-        int capacity = l->capacity ? 2 * l->capacity : 4;
-        void *grown = realloc(l->names, (size_t)capacity * sizeof *l->names);
-        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory for the writers' leases");
-        l->names = grown;
-        l->capacity = capacity;
-    }
-    snprintf(l->names[l->count++], CKPT_PATH_MAX, "%s", name);
-    return TP_OK;
+    return ckpt_append_name(&l->names, &l->count, &l->capacity, name);
 }
 
 /* A run starting refuses a live writer's lease there, as a local run's

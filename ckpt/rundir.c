@@ -175,6 +175,19 @@ static int add_candidate(void *ctx, const char *name)
     return TP_OK;
 }
 
+int ckpt_append_name(char (**names)[CKPT_NAME_MAX + 1], int *count, int *capacity, const char *name)
+{
+    if (*count == *capacity) {
+        int grown_capacity = *capacity ? 2 * *capacity : 16;
+        void *grown = realloc(*names, (size_t)grown_capacity * sizeof **names);
+        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        *names = grown;
+        *capacity = grown_capacity;
+    }
+    snprintf((*names)[(*count)++], sizeof **names, "%s", name);
+    return TP_OK;
+}
+
 int ckpt_candidates_in(const store_ops *storage, const char *path, ckpt_candidate **out, int *count)
 {
     *out = NULL;

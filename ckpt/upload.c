@@ -586,24 +586,10 @@ typedef struct {
     int count, capacity;
 } name_array;
 
-/* Appends name to a growing array of names (*names, *count of *capacity). */
-static int append_name(char (**names)[CKPT_NAME_MAX + 1], int *count, int *capacity, const char *name)
-{
-    if (*count == *capacity) {
-        int grown_capacity = *capacity ? 2 * *capacity : 16;
-        void *grown = realloc(*names, (size_t)grown_capacity * sizeof **names);
-        if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
-        *names = grown;
-        *capacity = grown_capacity;
-    }
-    snprintf((*names)[(*count)++], sizeof **names, "%s", name);
-    return TP_OK;
-}
-
 static int collect_unless_claim(void *ctx, const char *name)
 {
     name_array *a = ctx;
-    return is_claim_name(name) ? TP_OK : append_name(&a->names, &a->count, &a->capacity, name);
+    return is_claim_name(name) ? TP_OK : ckpt_append_name(&a->names, &a->count, &a->capacity, name);
 }
 
 static int remove_all_but_claims(const store_ops *store, const char *url)
@@ -694,7 +680,7 @@ static int collect_stale(void *ctx, const char *name)
     if (!strcmp(name, CKPT_INDEX_NAME) || is_claim_name(name)) return TP_OK; /* this writer's claim goes last */
     for (int f = 0; f < s->index->num_files; f++)
         if (!strcmp(name, s->index->files[f].name)) return TP_OK;
-    return append_name(&s->stale, &s->count, &s->capacity, name);
+    return ckpt_append_name(&s->stale, &s->count, &s->capacity, name);
 }
 
 static int remove_stale(const char *url, const ckpt_index *index)
@@ -906,7 +892,7 @@ static int collect_name(void *ctx, const char *name)
         snprintf(l->prefix, sizeof l->prefix, "%s", saved);
         return status;
     }
-    return append_name(&l->names, &l->count, &l->capacity, relative);
+    return ckpt_append_name(&l->names, &l->count, &l->capacity, relative);
 }
 
 /* Files that name the others go last: an index.json, a Megatron-LM
