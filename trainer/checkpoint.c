@@ -108,8 +108,10 @@ struct saver {
     save_phases phases;             /* of the pending save: this rank's, then (rank 0) the slowest rank's */
     save_phases committed_phases[2];
     int failed;                     /* uploads that failed, not yet taken (at most two, as committed) */
-    int64_t failed_step[2];
-    char failed_message[2][1024];
+    struct {
+        int64_t step;
+        char message[1024];
+    } failed_upload[2];             /* the oldest first */
     int64_t step, consumed;
     uint64_t seed;
     char *schedule, *user;
@@ -390,12 +392,11 @@ static int upload_lost(saver *s, int failed_here, const char *message)
     if (failed_here) snprintf(said, sizeof said, "%s", message);
     TP_TRY(comm_first_failure(s->model->comm, failed_here, said, sizeof said, &any));
     if (s->failed == 2) { /* not taken: the oldest goes */
-        s->failed_step[0] = s->failed_step[1];
-        memcpy(s->failed_message[0], s->failed_message[1], sizeof s->failed_message[0]);
+        s->failed_upload[0] = s->failed_upload[1];
         s->failed = 1;
     }
-    s->failed_step[s->failed] = s->step;
-    snprintf(s->failed_message[s->failed], sizeof s->failed_message[0], "%s", said);
+    s->failed_upload[s->failed].step = s->step;
+    snprintf(s->failed_upload[s->failed].message, sizeof s->failed_upload[0].message, "%s", said);
     s->failed++;
     s->pending = 0;
     return TP_OK;
@@ -477,10 +478,9 @@ static int finish_commit(saver *s)
 int saver_take_failed_upload(saver *s, int64_t *step, char *message, size_t size)
 {
     if (!s->failed) return 0;
-    *step = s->failed_step[0];
-    snprintf(message, size, "%s", s->failed_message[0]);
-    s->failed_step[0] = s->failed_step[1];
-    memcpy(s->failed_message[0], s->failed_message[1], sizeof s->failed_message[0]);
+    *step = s->failed_upload[0].step;
+    snprintf(message, size, "%s", s->failed_upload[0].message);
+    s->failed_upload[0] = s->failed_upload[1];
     s->failed--;
     return 1;
 }
