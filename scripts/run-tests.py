@@ -234,10 +234,10 @@ class Running:
 
     def __init__(self, test, logdir, python_server):
         self.test = test
-        # A short path: Open MPI and PMIx put Unix sockets under TMPDIR.
         Running.started_count += 1
-        # Open to all as /tmp is: tests run tools as another user (nobody),
-        # who must reach the files they are given.
+        # A short path: Open MPI and PMIx put Unix sockets under TMPDIR. Open
+        # to all as /tmp is: tests run tools as another user (nobody), who
+        # must reach the files they are given.
         self.tmpdir = os.path.join(logdir, "t", str(Running.started_count))
         os.makedirs(self.tmpdir)
         for path, mode in ((logdir, 0o755), (os.path.dirname(self.tmpdir), 0o755), (self.tmpdir, 0o1777)):
