@@ -54,24 +54,58 @@ s3rver_present() {
     [ -x "$S3RVER_PREFIX/node_modules/.bin/s3rver" ] || command -v s3rver >/dev/null 2>&1
 }
 
-# s3rver with npm, into .deps/npm (no root needed); optional.
-install_s3rver() {
-    s3rver_present && return 0
+# llama.cpp's own library as the judge of GGUF exports
+# (tests/trainer/llama_cpp.mjs): node-llama-cpp with its prebuilt CPU build,
+# pinned, into .deps/llama-cpp. --ignore-scripts: its install script would
+# fetch or compile llama.cpp; the prebuilt package for this machine is named
+# instead of node-llama-cpp's optional ones (--omit=optional), which also
+# hold CUDA and Vulkan builds of hundreds of MB. Optional like s3rver.
+LLAMA_CPP_PREFIX="$REPO_ROOT/.deps/llama-cpp"
+LLAMA_CPP_VERSION=3.22.1
+llama_cpp_build() {
+    case "$(uname -m)" in
+        x86_64) echo linux-x64 ;;
+        aarch64) echo linux-arm64 ;;
+    esac
+}
+llama_cpp_present() {
+    [ -f "$LLAMA_CPP_PREFIX/node_modules/node-llama-cpp/dist/index.js" ] &&
+        [ -d "$LLAMA_CPP_PREFIX/node_modules/@node-llama-cpp/$(llama_cpp_build)" ]
+}
+
+# install_npm WHAT PREFIX NPM_OPTIONS PACKAGES: PACKAGES with npm into PREFIX
+# (no root needed); optional: a failure only warns that WHAT's tests will be
+# skipped.
+install_npm() {
+    what=$1 prefix=$2 options=$3
+    shift 3
     if ! command -v npm >/dev/null 2>&1; then
-        echo "deps: warning: npm is not installed, so neither is s3rver; the S3 tests will be skipped" >&2
+        echo "deps: warning: npm is not installed; the $what tests will be skipped" >&2
         return 0
     fi
-    echo "deps: installing s3rver (npm, into .deps/npm)"
-    mkdir -p "$S3RVER_PREFIX"
+    echo "deps: installing $* (npm, into ${prefix#"$REPO_ROOT"/})"
+    mkdir -p "$prefix"
     npm_log=$(mktemp)
-    if npm install --no-audit --no-fund --no-update-notifier --loglevel=error \
-        --prefix "$S3RVER_PREFIX" s3rver@3 >"$npm_log" 2>&1 && s3rver_present; then
+    # shellcheck disable=SC2086
+    if npm install --no-audit --no-fund --no-update-notifier --loglevel=error $options \
+        --prefix "$prefix" "$@" >"$npm_log" 2>&1; then
         echo "deps: done"
     else
         tail -n 5 "$npm_log" | sed 's/^/deps:   npm: /' >&2
-        echo "deps: warning: could not install s3rver with npm; the S3 tests will be skipped" >&2
+        echo "deps: warning: could not install $* with npm; the $what tests will be skipped" >&2
     fi
     rm -f "$npm_log"
+}
+
+install_npm_tools() {
+    s3rver_present || install_npm S3 "$S3RVER_PREFIX" "" s3rver@3
+    llama_cpp_present && return 0
+    if [ -z "$(llama_cpp_build)" ]; then
+        echo "deps: warning: no prebuilt llama.cpp for $(uname -m); the llama.cpp judge's checks will be skipped" >&2
+        return 0
+    fi
+    install_npm "llama.cpp judge's" "$LLAMA_CPP_PREFIX" "--ignore-scripts --omit=optional" \
+        "node-llama-cpp@$LLAMA_CPP_VERSION" "@node-llama-cpp/$(llama_cpp_build)@$LLAMA_CPP_VERSION"
 }
 
 # shellcheck disable=SC2086
@@ -80,7 +114,7 @@ missing=$(missing_of $PACKAGES)
 slurm_missing=$(missing_of $SLURM_PACKAGES)
 objstore_missing=$(objstore_missing)
 if [ -z "$missing" ] && [ -z "$slurm_missing" ] && [ -z "$objstore_missing" ]; then
-    install_s3rver
+    install_npm_tools
     exit 0
 fi
 
@@ -95,7 +129,7 @@ if [ "$(id -u)" -ne 0 ]; then
             echo "deps: warning: Slurm is not installed (needs root:$slurm_missing); its tests will be skipped" >&2
         [ -z "$objstore_missing" ] ||
             echo "deps: warning: object-store servers not installed (needs root:$objstore_missing); their tests will be skipped" >&2
-        install_s3rver
+        install_npm_tools
         exit 0
     fi
 fi
@@ -158,4 +192,4 @@ install_optional() {
 
 if [ -n "$slurm_missing" ]; then install_optional Slurm "$slurm_missing" "slurmctld slurmd slurmdbd munged"; fi
 if [ -n "$objstore_missing" ]; then install_optional object-store "$objstore_missing" "nginx"; fi
-install_s3rver
+install_npm_tools

@@ -194,6 +194,26 @@ print("    %.9f and %.9f" % (a, b))
 sys.exit(not abs(a - b) <= float(sys.argv[3]) * abs(b))' "$1" "$2" "$3"
 }
 
+# llama_cpp COMMAND MODEL.gguf ARGS...: llama.cpp's own library judges a
+# GGUF file (tests/trainer/llama_cpp.mjs: loss, generate, tokenize), its
+# output in $WORK/.out, its status in RC: 77 when node-llama-cpp (or Node.js)
+# is not installed.
+llama_cpp() {
+    if command -v node >/dev/null 2>&1; then run node "$ROOT/tests/trainer/llama_cpp.mjs" "$@"
+    else
+        echo "llama_cpp: Node.js is not installed" >"$WORK/.err"
+        RC=77
+    fi
+}
+
+# judged_by_llama_cpp WHAT: after llama_cpp, true when llama.cpp ran; when it
+# is not installed, says WHAT is skipped (never passed) and is false.
+judged_by_llama_cpp() {
+    [ "$RC" -ne 77 ] && return 0
+    echo "[SKIP] [$NAME] llama.cpp's judge: $1: $(cat "$WORK/.err")"
+    return 1
+}
+
 # skip_without_python MODULES WHY: unless Debian's python imports MODULES
 # ("torch, numpy"), the test says it is skipped (WHY) and ends there, exit
 # 0: skipped, never passed, and never run on without them.

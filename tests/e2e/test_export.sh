@@ -213,6 +213,61 @@ run "$PY" "$CHECK" gguf "$WORK/mid.gguf" "$WORK/mid"
 if [ "$RC" -eq 0 ] && grep -q "(size label 1.7M)" "$WORK/.out"; then pass
 else failed "a 1.7M-parameter gguf: size label 1.7M, no_vocab, every tensor"; fi
 
+# --- llama.cpp itself as the judge (tests/trainer/llama_cpp.mjs): a
+# byte-level GPT-2 trained here, its GGUF loaded and run by llama.cpp's own
+# library. Its loss on the held-out windows is tp-train eval's (fp32 in both;
+# summation order aside), its greedy continuation tp-train generate's, and
+# its tokenizer gives tp-train prepare's tokens of text of every kind of byte.
+expect_ok "train a byte-level GPT-2 at tp2" mpirun --oversubscribe -np 2 "$TRAIN" --model tiny --tp 2 --micro-batch 4 \
+    --steps 120 --lr 1e-2 --data "$WORK/fox.bin" --ckpt-dir "$WORK/brun" --quiet </dev/null
+BSRC="$WORK/brun/step_00000120"
+expect_ok "export it as GGUF" "$CKPT" export "$BSRC" --format gguf -o "$WORK/trained.gguf"
+expect_ok "tp-train eval of it" "$TRAIN" eval --ckpt "$BSRC" $EVAL
+cp "$WORK/.out" "$WORK/trained-eval.json"
+llama_cpp loss "$WORK/trained.gguf" "$WORK/held.bin" --windows 24 --seq 32
+if judged_by_llama_cpp "the loss, greedy continuation and tokens of GPT-2 GGUF exports"; then
+    cp "$WORK/.out" "$WORK/trained-llama.json"
+    check "llama.cpp's loss of the GGUF is tp-train eval's" [ "$RC" -eq 0 ] &&
+        check "to 1e-5" same_loss "$WORK/trained-eval.json" "$WORK/trained-llama.json" 1e-5
+    expect_ok "tp-train generate, greedy" "$TRAIN" generate --ckpt "$BSRC" --prompt "the quick " --tokens 22 --temperature 0
+    cp "$WORK/.out" "$WORK/generated.txt"
+    llama_cpp generate "$WORK/trained.gguf" --prompt "the quick " --tokens 22
+    check "llama.cpp continues the prompt as tp-train generate does" [ "$RC" -eq 0 ] &&
+        check "with the same text" cmp "$WORK/.out" "$WORK/generated.txt"
+    llama_cpp tokenize "$WORK/bytes.gguf" "$WORK/utf8.txt" --prepared "$WORK/utf8.bin"
+    check "llama.cpp's tokenizer gives tp-train prepare's tokens of every kind of byte" [ "$RC" -eq 0 ]
+    # The judge can fail: with block 0's query and key rows swapped, the
+    # file is still a well-formed GPT-2 to llama.cpp, and its loss is not
+    # tp-train's; text other than the token file's is refused.
+    "$PY" - "$WORK/trained.gguf" "$WORK/swapped.gguf" "$ROOT/tests/trainer" <<'PYEOF'
+import sys
+sys.path.insert(0, sys.argv[3])
+import check_export as ce
+raw = bytearray(open(sys.argv[1], "rb").read())
+r = ce.Reader(raw)
+r.at = 4
+version, n_tensors, n_kv = r.take("<I"), r.take("<Q"), r.take("<Q")
+kv = {}
+for _ in range(n_kv):
+    key, kind = r.string(), r.take("<I")
+    kv[key] = (kind, r.value(kind))
+alignment, infos, data = ce.tensor_infos(r, kv, n_tensors)
+name, ne, kind, offset = next(i for i in infos if i[0] == "blk.0.attn_qkv.weight")
+third = ne[0] * ne[1] // 3 * 4  # [3d rows of d] fp32: q, k, v
+at = data + offset
+raw[at:at + 2 * third] = raw[at + third:at + 2 * third] + raw[at:at + third]
+open(sys.argv[2], "wb").write(raw)
+PYEOF
+    llama_cpp loss "$WORK/swapped.gguf" "$WORK/held.bin" --windows 24 --seq 32
+    cp "$WORK/.out" "$WORK/swapped-llama.json"
+    check "a GGUF with query and key swapped runs in llama.cpp" [ "$RC" -eq 0 ] &&
+        check_all "its loss is not tp-train eval's to that tolerance" \
+            '! same_loss "$WORK/trained-eval.json" "$WORK/swapped-llama.json" 1e-5'
+    llama_cpp tokenize "$WORK/bytes.gguf" "$WORK/utf8.txt" --prepared "$WORK/fox.bin"
+    check "the tokenizer check fails on another text's tokens" [ "$RC" -eq 1 ] &&
+        check "naming the first token that differs" grep -q "^llama_cpp: token 0: llama.cpp 110, the token file 116" "$WORK/.err"
+fi
+
 # --- import: bit-exact round trip, at other layouts, and training from it.
 expect_ok "weights-only copy of the source" "$BIN/tp-reshard" "$SRC" --to tp2pp2 --no-optim -o "$WORK/weights"
 expect_ok "import at tp4pp2" "$CKPT" import "$WORK/hf-tp2pp2" -o "$WORK/imported" --tp 4 --pp 2

@@ -21,7 +21,8 @@ expect_ok "llama-tiny: 6 steps at tp2pp2" mpirun --oversubscribe -np 4 "$BIN/tp-
     --micro-batch 2 --steps 6 --lr 3e-3 --data "$WORK/text.bin" --ckpt-dir "$WORK/run" --quiet
 SRC="$WORK/run/step_00000006"
 expect_ok "tp-train eval" "$BIN/tp-train" eval --ckpt "$SRC" --data "$WORK/text.bin" --windows 8 --json
-LOSS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["loss"])' "$WORK/.out")
+cp "$WORK/.out" "$WORK/eval.json"
+LOSS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["loss"])' "$WORK/eval.json")
 expect_ok "export: a Hugging Face Llama directory" "$CK" export "$SRC" --format safetensors -o "$WORK/hf"
 expect_ok "its names, config and rows; the PyTorch Llama computes tp-train's loss" "$PY" "$CHECK" safetensors \
     "$WORK/hf" "$SRC" --data "$WORK/text.bin" --windows 8 --seq 32 --loss "$LOSS"
@@ -70,6 +71,24 @@ PYEOF
 run "$PY" "$CHECK" gguf "$WORK/unpermuted.gguf" "$SRC"
 check "a GGUF with Hugging Face's Q rows is refused by the judge" grep -q "blk.0.attn_q.weight: differs" "$WORK/.out"
 
+# llama.cpp itself (tests/trainer/llama_cpp.mjs) runs the export: its loss
+# on the training text is tp-train eval's (RoPE on permuted rows, grouped
+# key/value heads, SwiGLU, RMSNorm, the untied output); with the rows left
+# in Hugging Face's order it is not (6 steps of training lean little on
+# attention: the loss moves by about 1.4e-4 relative, 14 times the
+# tolerance, where the export agrees to about 1e-9).
+llama_cpp loss "$WORK/m.gguf" "$WORK/text.bin" --windows 8 --seq 32
+if judged_by_llama_cpp "the Llama GGUF's loss"; then
+    cp "$WORK/.out" "$WORK/m-llama.json"
+    check "llama.cpp's loss of the Llama GGUF is tp-train eval's" [ "$RC" -eq 0 ] &&
+        check "to 1e-5" same_loss "$WORK/eval.json" "$WORK/m-llama.json" 1e-5
+    llama_cpp loss "$WORK/unpermuted.gguf" "$WORK/text.bin" --windows 8 --seq 32
+    cp "$WORK/.out" "$WORK/unpermuted-llama.json"
+    check "the unpermuted GGUF runs in llama.cpp" [ "$RC" -eq 0 ] &&
+        check_all "its loss is not tp-train eval's to that tolerance" \
+            '! same_loss "$WORK/eval.json" "$WORK/unpermuted-llama.json" 1e-5'
+fi
+
 # --- Back: import at tp1 and at tp4 (2 KV heads replicated over 4 ranks).
 expect_ok "import at tp1pp1" "$CK" import "$WORK/hf" --tp 1 --pp 1 -o "$WORK/back1"
 expect_ok "bit-exact against the trained weights" "$CK" diff --weights-only "$WORK/back1" "$SRC"
@@ -92,7 +111,8 @@ expect_ok "export" "$CK" export "$WORK/l3" --format safetensors -o "$WORK/l3hf"
 expect_ok "checked: rope_scaling llama3, tie_word_embeddings, no lm_head" "$PY" "$CHECK" safetensors "$WORK/l3hf" "$WORK/l3"
 expect_ok "tp-train eval of the Llama 3" "$BIN/tp-train" eval --ckpt "$WORK/l3" --data "$WORK/text.bin" --windows 8 \
     --seq 32 --json
-L3_LOSS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["loss"])' "$WORK/.out")
+cp "$WORK/.out" "$WORK/l3-eval.json"
+L3_LOSS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["loss"])' "$WORK/l3-eval.json")
 run "$PY" "$CHECK" transformers "$WORK/l3hf" --data "$WORK/text.bin" --windows 8 --seq 32 --loss "$L3_LOSS"
 if [ "$RC" -eq 77 ]; then echo "[SKIP] [$NAME] transformers' Llama 3 (rope scaling, tied): transformers is not installed"
 else check "transformers computes the tied Llama 3's loss as tp-train eval does" [ "$RC" -eq 0 ]; fi
@@ -111,6 +131,18 @@ expect_ok "synth a Llama of 300 tokens" "$CK" synth -o "$WORK/v300" --tp 2 --pp 
 expect_ok "GGUF with --tokenizer" "$CK" export "$WORK/v300" --format gguf --tokenizer "$WORK/tok" -o "$WORK/v300.gguf"
 expect_ok "tokens by id, types, merges, pre llama-bpe, BOS/EOS and add_bos as the converter writes them" \
     "$PY" "$CHECK" gguf "$WORK/v300.gguf" "$WORK/v300" --tokenizer "$WORK/tok"
+# llama.cpp runs the tied Llama 3 (no output.weight; rope_freqs from the
+# scaling; one key/value head) to tp-train eval's loss. With the vocabulary
+# of a tokenizer: a GGUF without one (no_vocab) stops llama.cpp as it
+# evaluates ("Tokenizer not initialized").
+expect_ok "the Llama 3 as an fp32 GGUF with the tokenizer" "$CK" export "$WORK/l3" --format gguf --tokenizer "$WORK/tok" \
+    -o "$WORK/l3-tok.gguf"
+llama_cpp loss "$WORK/l3-tok.gguf" "$WORK/text.bin" --windows 8 --seq 32
+if judged_by_llama_cpp "the Llama 3 GGUF's loss"; then
+    cp "$WORK/.out" "$WORK/l3-llama.json"
+    check "llama.cpp's loss of the Llama 3 GGUF is tp-train eval's" [ "$RC" -eq 0 ] &&
+        check "to 1e-5" same_loss "$WORK/l3-eval.json" "$WORK/l3-llama.json" 1e-5
+fi
 "$PY" -c 'import json, sys
 t = json.load(open(sys.argv[1]))
 t["model"]["type"] = "WordPiece"
