@@ -229,6 +229,13 @@ if judged_by_llama_cpp "the loss, greedy continuation and tokens of GPT-2 GGUF e
     cp "$WORK/.out" "$WORK/trained-llama.json"
     check "llama.cpp's loss of the GGUF is tp-train eval's" [ "$RC" -eq 0 ] &&
         check "to 1e-5" same_loss "$WORK/trained-eval.json" "$WORK/trained-llama.json" 1e-5
+    # bf16 (GGML type 30) as llama.cpp reads it: the weights' rounding moves
+    # the loss by about 4e-4 relative.
+    expect_ok "export it as a bf16 GGUF" "$CKPT" export "$BSRC" --format gguf --dtype bf16 -o "$WORK/trained-bf16.gguf"
+    llama_cpp loss "$WORK/trained-bf16.gguf" "$WORK/held.bin" --windows 24 --seq 32
+    cp "$WORK/.out" "$WORK/trained-bf16-llama.json"
+    check "llama.cpp's loss of the bf16 GGUF" [ "$RC" -eq 0 ] &&
+        check "is tp-train eval's to 2e-3" same_loss "$WORK/trained-eval.json" "$WORK/trained-bf16-llama.json" 2e-3
     expect_ok "tp-train generate, greedy" "$TRAIN" generate --ckpt "$BSRC" --prompt "the quick " --tokens 22 --temperature 0
     cp "$WORK/.out" "$WORK/generated.txt"
     llama_cpp generate "$WORK/trained.gguf" --prompt "the quick " --tokens 22
