@@ -130,14 +130,14 @@ static int prepare(int argc, char **argv)
                                             {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "o:h", options, NULL)) != -1) {
-        if (c == 'o') out = cli_path("tp-train", "-o", optarg);
+        if (c == 'o') out = cli_path("tp-train prepare", "-o", optarg);
         else if (c == O_FORCE) force = 1;
         else if (c == 'h') {
             fputs(prepare_usage, stdout);
             return 0;
-        } else die_usage("prepare: unknown option or missing value: '%s'", cli_rejected_option(argv));
+        } else cli_usage_error("tp-train prepare", "unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
-    if (optind != argc - 1 || !out) die_usage("prepare takes TEXT and -o FILE");
+    if (optind != argc - 1 || !out) cli_usage_error("tp-train prepare", "takes TEXT and -o FILE");
     if (cli_clean_up_on_signals() != 0) return fail("cannot set up signal handling: %s", strerror(errno));
     int status = dataset_prepare(argv[optind], out, force);
     if (status) return fail("%s", tp_errmsg()); /* exit 1, a refused output too, as tp-ckpt's and tp-reshard's */
@@ -146,15 +146,21 @@ static int prepare(int argc, char **argv)
 
 /* Another tool's checkpoint as --ckpt (eval and generate read this
  * toolkit's, at any layout): named with the command that converts it, exit
- * 2 as --ckpt-dir's refusal; 1 when it cannot be looked at. Each rank looks
- * (the same answer), rank 0 speaks. */
-static int refuse_foreign_ckpt(const char *command, const char *ckpt)
+ * 2 as --ckpt-dir's refusal; 1 when it cannot be looked at. Rank 0 looks
+ * and every rank of cm (NULL: this process alone) hears its verdict, as the
+ * trainer's --ckpt-dir refusal: ranks that looked each for themselves
+ * parted ways when only some could see CKPT (a node without the store),
+ * those refused waiting in MPI_Finalize for the others, which waited in
+ * the communicator's set-up, without a word. */
+static int refuse_foreign_ckpt(comm *cm, const char *command, const char *ckpt)
 {
-    cli_foreign foreign;
-    int status = cli_foreign_checkpoint(ckpt, "CKPT", &foreign);
-    if (comm_mpi_rank() != 0) return status ? 1 : foreign.what[0] ? 2 : 0;
-    if (status) return fail("--ckpt %s: %s", ckpt, tp_errmsg());
-    if (!foreign.what[0]) return 0;
+    cli_foreign foreign = {0};
+    int verdict = 0, rank = cm ? cm->rank : 0;
+    if (rank == 0 && cli_foreign_checkpoint(ckpt, "CKPT", &foreign)) verdict = 1;
+    else if (foreign.what[0]) verdict = 2;
+    if (cm && comm_broadcast(cm, &verdict, sizeof verdict, 0, COMM_HOST)) verdict = 1;
+    if (rank != 0 || !verdict) return verdict;
+    if (verdict == 1) return fail("--ckpt %s: %s", ckpt, tp_errmsg());
     fprintf(stderr, "tp-train: --ckpt %s is %s, which tp-train %s reads once converted into this toolkit's format: %s, "
             "then give --ckpt CKPT%s\n", ckpt, foreign.what, command, foreign.convert, foreign.doc);
     return 2;
@@ -192,34 +198,34 @@ static int eval_command(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (c) {
-        case O_CKPT: o.ckpt = cli_path("tp-train", "--ckpt", optarg); break;
-        case O_DATA: o.data = cli_path("tp-train", "--data", optarg); break;
-        case O_WINDOWS: o.windows = cli_int("tp-train", "--windows", optarg, 1, (int64_t)1 << 40); break;
-        case O_SEQ: o.seq = cli_int("tp-train", "--seq", optarg, 1, (int64_t)1 << 31); break;
-        case O_TP: tp = cli_int("tp-train", "--tp", optarg, 1, 4096); break;
-        case O_PP: pp = cli_int("tp-train", "--pp", optarg, 1, 4096); break;
-        case O_DP: dp = cli_int("tp-train", "--dp", optarg, 1, 1 << 20); break;
-        case O_MB: o.micro_batch = cli_int("tp-train", "--micro-batch", optarg, 1, 1 << 20); break;
-        case O_THREADS: o.threads = (int)cli_int("tp-train", "--threads", optarg, 1, 1024); break;
+        case O_CKPT: o.ckpt = cli_path("tp-train eval", "--ckpt", optarg); break;
+        case O_DATA: o.data = cli_path("tp-train eval", "--data", optarg); break;
+        case O_WINDOWS: o.windows = cli_int("tp-train eval", "--windows", optarg, 1, (int64_t)1 << 40); break;
+        case O_SEQ: o.seq = cli_int("tp-train eval", "--seq", optarg, 1, (int64_t)1 << 31); break;
+        case O_TP: tp = cli_int("tp-train eval", "--tp", optarg, 1, 4096); break;
+        case O_PP: pp = cli_int("tp-train eval", "--pp", optarg, 1, 4096); break;
+        case O_DP: dp = cli_int("tp-train eval", "--dp", optarg, 1, 1 << 20); break;
+        case O_MB: o.micro_batch = cli_int("tp-train eval", "--micro-batch", optarg, 1, 1 << 20); break;
+        case O_THREADS: o.threads = (int)cli_int("tp-train eval", "--threads", optarg, 1, 1024); break;
         case O_JSON: json = 1; break;
         case 'h': fputs(eval_usage, stdout); return 0;
-        default: die_usage("eval: unknown option or missing value: '%s'", cli_rejected_option(argv));
+        default: cli_usage_error("tp-train eval", "unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
     }
-    if (optind != argc) die_usage("eval: unexpected argument '%s'", argv[optind]);
-    if (!o.ckpt || !o.data) die_usage("eval needs --ckpt CKPT and --data FILE");
+    if (optind != argc) cli_usage_error("tp-train eval", "unexpected argument '%s'", argv[optind]);
+    if (!o.ckpt || !o.data) cli_usage_error("tp-train eval", "needs --ckpt CKPT and --data FILE");
     int world = comm_mpi_world_size(&argc, &argv);
-    int refused = refuse_foreign_ckpt("eval", o.ckpt);
-    if (refused) {
-        comm_mpi_finalize();
-        return refused;
-    }
     if (!dp) dp = world / (tp * pp) > 0 ? world / (tp * pp) : 1;
     comm *cm = NULL;
     if (comm_mpi_create(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp)) {
         int code = comm_mpi_rank() == 0 ? fail("%s", tp_errmsg()) : 1;
         comm_mpi_finalize();
         return code;
+    }
+    int refused = refuse_foreign_ckpt(cm, "eval", o.ckpt);
+    if (refused) {
+        comm_free(cm);
+        return refused;
     }
     o.warn = warn_on_rank0;
     o.warn_ctx = cm;
@@ -267,19 +273,19 @@ static int generate_command(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (c) {
-        case O_CKPT: o.ckpt = cli_path("tp-train", "--ckpt", optarg); break;
+        case O_CKPT: o.ckpt = cli_path("tp-train generate", "--ckpt", optarg); break;
         case O_PROMPT: o.prompt = optarg; break;
-        case O_TOKENS: o.tokens = cli_int("tp-train", "--tokens", optarg, 0, (int64_t)1 << 30); break;
-        case O_TEMPERATURE: o.temperature = cli_number("tp-train", "--temperature", optarg); break;
-        case O_SEED: o.seed = (uint64_t)cli_int("tp-train", "--seed", optarg, 0, INT64_MAX); break;
-        case O_THREADS: o.threads = (int)cli_int("tp-train", "--threads", optarg, 1, 1024); break;
+        case O_TOKENS: o.tokens = cli_int("tp-train generate", "--tokens", optarg, 0, (int64_t)1 << 30); break;
+        case O_TEMPERATURE: o.temperature = cli_number("tp-train generate", "--temperature", optarg); break;
+        case O_SEED: o.seed = (uint64_t)cli_int("tp-train generate", "--seed", optarg, 0, INT64_MAX); break;
+        case O_THREADS: o.threads = (int)cli_int("tp-train generate", "--threads", optarg, 1, 1024); break;
         case 'h': fputs(generate_usage, stdout); return 0;
-        default: die_usage("generate: unknown option or missing value: '%s'", cli_rejected_option(argv));
+        default: cli_usage_error("tp-train generate", "unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
     }
-    if (optind != argc) die_usage("generate: unexpected argument '%s'", argv[optind]);
-    if (!o.ckpt || !o.prompt) die_usage("generate needs --ckpt CKPT and --prompt TEXT");
-    if (!o.prompt[0]) die_usage("generate: --prompt is empty: give at least one byte to continue");
+    if (optind != argc) cli_usage_error("tp-train generate", "unexpected argument '%s'", argv[optind]);
+    if (!o.ckpt || !o.prompt) cli_usage_error("tp-train generate", "needs --ckpt CKPT and --prompt TEXT");
+    if (!o.prompt[0]) cli_usage_error("tp-train generate", "--prompt is empty: give at least one byte to continue");
     /* One process writes the text: under mpirun every rank wrote its own
      * into one stream, interleaved. */
     int world = comm_mpi_world_size(&argc, &argv);
@@ -290,7 +296,7 @@ static int generate_command(int argc, char **argv)
         comm_mpi_finalize();
         return 2;
     }
-    int refused = refuse_foreign_ckpt("generate", o.ckpt);
+    int refused = refuse_foreign_ckpt(NULL, "generate", o.ckpt);
     if (refused) {
         comm_mpi_finalize();
         return refused;

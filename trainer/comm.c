@@ -133,17 +133,35 @@ int comm_first_failure(comm *c, int failed, char *message, int64_t size, int *an
     return flag ? comm_broadcast(c, message, size, c->world - flag, COMM_HOST) : TP_OK;
 }
 
+/* The failure that said ("STATUS MESSAGE", as a rank wrote it) tells, as
+ * this rank's; TP_OK when it tells none. */
+static int told_failure(const char *said, const char *what)
+{
+    int failed = 0;
+    if (sscanf(said, "%d", &failed) != 1 || failed == TP_OK) return TP_OK;
+    const char *message = strchr(said, ' ');
+    return tp_fail(failed, "%s", message ? message + 1 : what);
+}
+
 int comm_agree_root(comm *c, int status, const char *what)
 {
     /* status and message travel together: [status as text][message]. */
     char said[1024];
     memset(said, 0, sizeof said);
     if (c->rank == 0 && status) snprintf(said, sizeof said, "%d %s", status, tp_errmsg());
-    int failed = 0;
     int travelled = comm_broadcast(c, said, (int64_t)sizeof said, 0, COMM_HOST);
     if (travelled) return comm_agree(c, travelled, what);
-    if (c->rank == 0) return status;
-    if (sscanf(said, "%d", &failed) != 1 || failed == TP_OK) return TP_OK;
-    const char *message = strchr(said, ' ');
-    return tp_fail(failed, "%s", message ? message + 1 : what);
+    return c->rank == 0 ? status : told_failure(said, what);
+}
+
+int comm_agree_first(comm *c, int status, const char *what)
+{
+    char said[1024];
+    memset(said, 0, sizeof said);
+    if (status && c->rank == 0) snprintf(said, sizeof said, "%d %s", status, tp_errmsg());
+    else if (status) snprintf(said, sizeof said, "%d rank %d: %s", status, c->rank, tp_errmsg());
+    int any = 0;
+    int travelled = comm_first_failure(c, status != TP_OK, said, (int64_t)sizeof said, &any);
+    if (travelled) return comm_agree(c, travelled, what);
+    return any ? told_failure(said, what) : TP_OK;
 }

@@ -218,6 +218,13 @@ int comm_first_failure(comm *c, int failed, char *message, int64_t size, int *an
  * alone decides (a run directory's claim), said alike by all. Collective. */
 int comm_agree_root(comm *c, int status, const char *what);
 
+/* As comm_agree, but every rank gets the status and message of the lowest
+ * rank that failed ("rank R: " in front where R is not 0): the cause, where
+ * comm_agree leaves the others with "another rank failed" (rank 0, which
+ * speaks for the job, then named no cause when only another rank failed).
+ * Collective. */
+int comm_agree_first(comm *c, int status, const char *what);
+
 static inline void comm_abort(comm *c, int status)
 {
     c->ops->abort(c, status);

@@ -58,7 +58,10 @@ static int read_header(int fd, const char *path, int64_t *count_out)
     if (header[1] != DATA_VERSION)
         return tp_fail(TP_ERR_FORMAT, "%s: token file version %d, expected %d", path, header[1], DATA_VERSION);
     int64_t count = header[2];
-    if (count >= 0 && count < 2 && (int64_t)sizeof header + count * 2 <= (int64_t)st.st_size)
+    if (count < 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: header says %lld tokens: a count below 0 (a damaged header)", path,
+                       (long long)count);
+    if (count < 2 && (int64_t)sizeof header + count * 2 <= (int64_t)st.st_size)
         return tp_fail(TP_ERR_FORMAT, "%s: holds %lld token%s; a token file needs at least 2 (an input and its target)",
                        path, (long long)count, count == 1 ? "" : "s");
     if (count < 2 || (int64_t)sizeof header + count * 2 > (int64_t)st.st_size)

@@ -32,16 +32,13 @@ void generate_options_init(generate_options *o)
 
 /* The model of the checkpoint at resolved (its configuration read with
  * checkpoint_model_config), built for inference at this rank's place in the
- * layout with fp32 parameters (a bf16 or fp16 checkpoint is widened on load). */
-static int inference_model(gpt_config config, const char *resolved, comm *c, int64_t micro_batch, int64_t *seq,
+ * layout with fp32 parameters (a bf16 or fp16 checkpoint is widened on load),
+ * for micro_batch windows of seq tokens (at most the model's positions). */
+static int inference_model(gpt_config config, const char *resolved, comm *c, int64_t micro_batch, int64_t seq,
                            gpt_model **out)
 {
     config.dtype = TP_FP32;
-    if (*seq == 0) *seq = config.seq;
-    if (*seq > config.seq)
-        return tp_fail(TP_ERR_ARG, "--seq %lld exceeds the %lld positions of the model in %s", (long long)*seq,
-                       (long long)config.seq, resolved);
-    int status = gpt_model_create(out, &config, c, NULL, micro_batch, *seq, 1, 1, 0, 1, 0, 0);
+    int status = gpt_model_create(out, &config, c, NULL, micro_batch, seq, 1, 1, 0, 1, 0, 0);
     return status ? tp_fail_context(status, "%s", resolved) : TP_OK;
 }
 
@@ -89,8 +86,11 @@ int eval_run(const eval_options *o, comm *c, eval_result *out)
     gpt_config config;
     char resolved[4096];
     int status = checkpoint_model_config(c, o->ckpt, &config, resolved, sizeof resolved);
-    if (!status) status = inference_model(config, resolved, c, o->micro_batch, &T, &m);
-    if (!status) status = dataset_open(&data, o->data, m->config.vocab, 0);
+    if (!status && T == 0) T = config.seq;
+    if (!status && T > config.seq)
+        status = tp_fail(TP_ERR_ARG, "--seq %lld exceeds the %lld positions of the model in %s", (long long)T,
+                         (long long)config.seq, resolved);
+    if (!status) status = dataset_open(&data, o->data, config.vocab, 0);
     int64_t available = 0, windows = o->windows;
     if (!status) {
         available = (dataset_tokens(data) - 1) / T; /* each window also needs the token after it */
@@ -100,8 +100,13 @@ int eval_run(const eval_options *o, comm *c, eval_result *out)
                              o->data, (long long)dataset_tokens(data), (long long)available, (long long)T,
                              o->windows ? "asked for" : "need at least", (long long)(windows ? windows : 1));
     }
+    /* A forward pass takes at most the windows of the largest replica's
+     * share: a micro-batch beyond them was computed (and allocated: 883 MB
+     * for one window at --micro-batch 2048 of the tiny model) for nothing. */
+    int64_t share = windows / c->dp + (windows % c->dp != 0);
+    if (!status) status = inference_model(config, resolved, c, o->micro_batch < share ? o->micro_batch : share, T, &m);
     if (!status && !(window = malloc((size_t)(T + 1) * sizeof(int)))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    status = comm_agree(c, status, o->ckpt);
+    status = comm_agree_first(c, status, o->ckpt);
     load_result loaded;
     if (!status) status = checkpoint_load(m, o->ckpt, 0, o->warn, o->warn_ctx, &loaded);
     /* This replica's windows, in micro-batches through its pipeline: from
@@ -179,7 +184,7 @@ int generate_run(const generate_options *o, FILE *out)
         if ((unsigned char)o->prompt[i] >= config.vocab)
             status = tp_fail(TP_ERR_ARG, "prompt byte %u at offset %zu is outside the model's vocabulary of %lld",
                              (unsigned char)o->prompt[i], i, (long long)config.vocab);
-    if (!status) status = inference_model(config, resolved, c, 1, &T, &m);
+    if (!status) status = inference_model(config, resolved, c, 1, T, &m);
     load_result loaded;
     if (!status) status = checkpoint_load(m, o->ckpt, 0, o->warn, o->warn_ctx, &loaded);
     if (!status && !(context = calloc((size_t)T, sizeof *context))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
@@ -198,8 +203,16 @@ int generate_run(const generate_options *o, FILE *out)
         status = gpt_model_forward(m, s, 0);
         if (status) break;
         double u = (double)(splitmix64(o->seed ^ splitmix64((uint64_t)k)) >> 11) * 0x1.0p-53;
-        const float *logits = s->head->logits; /* fp32: inference_model's models are */
-        int token = sample_token(logits + (len - 1) * V, m->config.vocab, o->temperature, u);
+        const float *logits = (const float *)s->head->logits + (len - 1) * V; /* fp32: inference_model's models are */
+        /* NaN compares false: sampling would pick token 0 every time and
+         * print text of zero bytes as if the model had chosen it. */
+        for (int64_t i = 0; i < m->config.vocab && !status; i++)
+            if (!isfinite(logits[i]))
+                status = tp_fail(TP_ERR_FORMAT, "%s: the logit of token %lld is %g after %lld generated tokens: the "
+                                 "checkpoint's weights give no finite logits (NaN or infinite values in it?)",
+                                 loaded.path, (long long)i, (double)logits[i], (long long)k);
+        if (status) break;
+        int token = sample_token(logits, m->config.vocab, o->temperature, u);
         status = write_token(out, token);
         if (status) break;
         if (len == T) {

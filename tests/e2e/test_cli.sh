@@ -28,7 +28,7 @@ expect_error "an integer with a leading blank" 2 "^tp-train: --steps expects an 
     "$TRAIN" --model tiny --steps " 7"
 expect_error "an integer with a trailing blank" 2 "--steps expects an integer .*, got '7 '" \
     "$TRAIN" --model tiny --steps "7 "
-expect_error "an integer with a '+'" 2 "^tp-train: --tokens expects an integer in 0\.\.[0-9]+, got '\+5'" \
+expect_error "an integer with a '+'" 2 "^tp-train generate: --tokens expects an integer in 0\.\.[0-9]+, got '\+5'" \
     "$TRAIN" generate --ckpt "$WORK/ck" --prompt ab --tokens +5
 expect_error "an integer with a '+' (synth)" 2 "^tp-ckpt: --tp expects an integer in 1\.\.4096, got '\+1'" \
     "$CK" synth -o "$WORK/x" --tp +1 --pp 1 --model tiny
@@ -49,7 +49,7 @@ expect_ok "--temperature 1e-320 (subnormal) samples" "$TRAIN" generate --ckpt "$
 expect_ok "--tol 1e-320 (subnormal) compares" "$CK" diff "$WORK/ck" "$WORK/ck" --tol 1e-320
 expect_error "--lr 1e-400: it would be 0" 2 "^tp-train: --lr 1e-400 is below the smallest number a double holds .*would be 0" \
     "$TRAIN" --model tiny --lr 1e-400
-expect_error "--temperature 1e999: beyond a double" 2 "^tp-train: --temperature 1e999 is beyond the largest number a double holds" \
+expect_error "--temperature 1e999: beyond a double" 2 "^tp-train generate: --temperature 1e999 is beyond the largest number a double holds" \
     "$TRAIN" generate --ckpt "$WORK/ck" --prompt ab --temperature 1e999
 expect_error "--norm-eps in hexadecimal" 2 "--norm-eps expects a number in \(0, 1\), got '0x1p-17'" \
     "$CK" synth -o "$WORK/x" --tp 1 --pp 1 --model llama-tiny --norm-eps 0x1p-17
@@ -126,7 +126,7 @@ expect_error "copy to ''" 2 "^tp-ckpt: copy's DST is empty: give a path" "$CK" c
 expect_error "copy from ''" 2 "^tp-ckpt: copy's SRC is empty: give a path" "$CK" copy '' s3://bucket/ck
 expect_error "tp-reshard -o ''" 2 "^tp-reshard: -o is empty: give a path" "$RS" "$WORK/ck" --to tp1 -o ''
 printf 'some text\n' >"$WORK/text"
-expect_error "tp-train prepare -o ''" 2 "^tp-train: -o is empty: give a path" "$TRAIN" prepare "$WORK/text" -o ''
+expect_error "tp-train prepare -o ''" 2 "^tp-train prepare: -o is empty: give a path \\(see tp-train prepare --help\\)$" "$TRAIN" prepare "$WORK/text" -o ''
 # Inputs and the trainer's paths too (each exited 1 naming '': "no such
 # checkpoint", "cannot create", "cannot list"; --log '' warned and ran on).
 for cmd in info verify; do
@@ -139,8 +139,8 @@ expect_error "tp-reshard ''" 2 "^tp-reshard: the source's path is empty" "$RS" '
 for option in --ckpt-dir --data --log --ckpt-cache --dump; do
     expect_error "tp-train $option ''" 2 "^tp-train: $option is empty: give a path" "$TRAIN" --model tiny --steps 1 $option ''
 done
-expect_error "tp-train eval --ckpt ''" 2 "^tp-train: --ckpt is empty" "$TRAIN" eval --ckpt '' --data "$WORK/text"
-expect_error "tp-train generate --ckpt ''" 2 "^tp-train: --ckpt is empty" "$TRAIN" generate --ckpt '' --prompt hi
+expect_error "tp-train eval --ckpt ''" 2 "^tp-train eval: --ckpt is empty" "$TRAIN" eval --ckpt '' --data "$WORK/text"
+expect_error "tp-train generate --ckpt ''" 2 "^tp-train generate: --ckpt is empty" "$TRAIN" generate --ckpt '' --prompt hi
 expect_error "tp-elastic plan --ckpt ''" 2 "^tp-elastic plan: --ckpt is empty" "$BIN/tp-elastic" plan --world 2 --ckpt '' \
     --global-batch 4
 

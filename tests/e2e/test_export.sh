@@ -466,7 +466,7 @@ expect_error "eval: more windows than the data holds" 1 "hold [0-9]+ windows of 
     "$TRAIN" eval --ckpt "$SRC" --data "$WORK/fox.bin" --windows 100000 --seq 32
 expect_error "eval: a window longer than the model's context" 1 "--seq 64 exceeds the 32 positions" \
     "$TRAIN" eval --ckpt "$SRC" --data "$WORK/fox.bin" --seq 64
-expect_error "eval needs data" 2 "eval needs --ckpt CKPT and --data FILE" "$TRAIN" eval --ckpt "$SRC"
+expect_error "eval needs data" 2 "^tp-train eval: needs --ckpt CKPT and --data FILE \\(see tp-train eval --help\\)$" "$TRAIN" eval --ckpt "$SRC"
 expect_error "eval of a missing checkpoint" 1 "no-such" "$TRAIN" eval --ckpt "$WORK/no-such" --data "$WORK/fox.bin"
 # At tp2 rank 0 alone looks for the checkpoint; its reason is the run's, said once.
 run mpirun --oversubscribe -np 2 "$TRAIN" eval --ckpt "$WORK/no-such" --data "$WORK/fox.bin" --tp 2
@@ -475,5 +475,47 @@ check_all "eval at tp2 of a missing checkpoint: rank 0's reason, said once" \
 expect_error "generate: a prompt byte outside the vocabulary" 1 "prompt byte 255 at offset 1 is outside the model's vocabulary of 250" \
     "$TRAIN" generate --ckpt "$SRC" --prompt "$(printf 'a\377')"
 expect_error "generate: an empty prompt: a usage error" 2 "--prompt is empty" "$TRAIN" generate --ckpt "$SRC" --prompt ""
+# Weights that give NaN logits (the final norm's weight NaN): generate
+# stops with the reason (it printed zero bytes as if chosen, exit 0).
+"$PY" - "$WORK/hf-tp1pp1" "$WORK/hf-nan" <<'PYEOF'
+import json, shutil, struct, sys
+shutil.copytree(sys.argv[1], sys.argv[2])
+path = sys.argv[2] + "/model.safetensors"
+raw = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+b, e = json.loads(raw[8:8 + n])["transformer.ln_f.weight"]["data_offsets"]
+raw[8 + n + b:8 + n + e] = struct.pack("<f", float("nan")) * ((e - b) // 4)
+open(path, "wb").write(raw)
+PYEOF
+expect_ok "import weights holding NaN" "$CKPT" import "$WORK/hf-nan" -o "$WORK/nan" --tp 1 --pp 1
+run "$TRAIN" generate --ckpt "$WORK/nan" --prompt "the " --tokens 5
+check_all "generate: NaN logits are an error naming the checkpoint" \
+    '[ "$RC" -eq 1 ] && grep -q "^tp-train: error: .*/nan: the logit of token 0 is nan after 0 generated tokens" "$WORK/.err"'
+# A micro-batch is cut to the windows a replica has (one here): it was built
+# whole, 285 GB at this size, and the evaluation failed for want of memory.
+expect_ok "eval: --micro-batch far above the windows" "$TRAIN" eval --ckpt "$SRC" --data "$WORK/fox.bin" --windows 1 \
+    --micro-batch 1048576
+# Ranks that see different files (nodes that do not share a directory),
+# stood in for by a working directory a rank (mpirun -wdir): the job ends,
+# naming the cause. Each rank had looked at --ckpt itself: with a Megatron
+# checkpoint where rank 0 looked, rank 0 refused and rank 1 waited for it
+# without a word; a token file that rank 1 alone lacked was "another rank
+# failed".
+expect_ok "a Megatron copy of the checkpoint" "$BIN/tp-reshard" "$SRC" --to tp1 --format megatron -o "$WORK/megatron-src"
+mkdir -p "$WORK/node0" "$WORK/node1"
+ln -s "$WORK/megatron-src" "$WORK/node0/CK"
+ln -s "$SRC" "$WORK/node1/CK"
+cp "$WORK/fox.bin" "$WORK/node0/d.bin"
+cp "$WORK/fox.bin" "$WORK/node1/d.bin"
+run timeout 120 mpirun --oversubscribe -np 1 -wdir "$WORK/node0" "$TRAIN" eval --ckpt CK --data d.bin --dp 2 : \
+    -np 1 -wdir "$WORK/node1" "$TRAIN" eval --ckpt CK --data d.bin --dp 2 </dev/null
+check_all "eval: rank 0 finds a Megatron checkpoint: refused (exit 2, said once), no rank left waiting" \
+    '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: --ckpt CK is a Megatron-LM checkpoint" "$WORK/.err")" -eq 1 ]'
+rm "$WORK/node0/CK" "$WORK/node1/d.bin"
+ln -s "$SRC" "$WORK/node0/CK"
+run timeout 120 mpirun --oversubscribe -np 1 -wdir "$WORK/node0" "$TRAIN" eval --ckpt CK --data d.bin --dp 2 : \
+    -np 1 -wdir "$WORK/node1" "$TRAIN" eval --ckpt CK --data d.bin --dp 2 </dev/null
+check_all "eval: a token file only rank 1 lacks: rank 0 says rank 1's reason" \
+    '[ "$RC" -eq 1 ] && grep -q "^tp-train: error: rank 1: d.bin: no such token file" "$WORK/.err"'
 
 finish

@@ -523,6 +523,12 @@ expect_error "a token file of no token" 1 "short0.bin: holds 0 tokens; a token f
     "$TRAIN" $TINY --data "$WORK/short0.bin"
 expect_error "a token file of one token" 1 "short1.bin: holds 1 token; a token file needs at least 2" \
     "$TRAIN" $TINY --data "$WORK/short1.bin"
+# A count below 0 in the header: said so (it was "header says -5 tokens, the
+# file holds 200 (truncated?)").
+"$PY" -c 'import struct, sys
+open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, -5, *[0] * 253) + b"\x41\x00" * 200)' "$WORK/negative.bin"
+expect_error "a token file whose header counts -5 tokens" 1 "negative.bin: header says -5 tokens: a count below 0 \\(a damaged header\\)" \
+    "$TRAIN" $TINY --data "$WORK/negative.bin"
 expect_error "--min-lr above --lr: a usage error (the rate grew all run long)" 2 "--min-lr 1 is above --lr 0.001" \
     "$TRAIN" $TINY --lr 0.001 --min-lr 1
 expect_error "no file matches --data" 1 "nothing.*bin" "$TRAIN" $TINY --data "$WORK/nothing*.bin"

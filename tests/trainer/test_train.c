@@ -158,6 +158,44 @@ Test(train, thread_communicator_collectives_and_messages)
     for (int r = 0; r < 8; r++) cr_assert_eq(slots[r].status, 0, "rank %d saw a wrong result", r);
 }
 
+/* Ranks 2 and 3 of 4 fail with causes of their own: every rank hears
+ * rank 2's (the lowest failing) status and cause, named by its rank; with
+ * no failure, every rank goes on. */
+typedef struct {
+    int status;
+    char message[256];
+    int clean;
+} agreement;
+
+static void *agree_on_the_first_failure(void *arg)
+{
+    rank_slot *slot = arg;
+    comm *c = slot->c;
+    agreement *a = slot->arg;
+    int mine = TP_OK;
+    if (c->rank == 2) mine = tp_fail(TP_ERR_NOT_FOUND, "d.bin: no such token file");
+    if (c->rank == 3) mine = tp_fail(TP_ERR_NOMEM, "out of memory");
+    a->status = comm_agree_first(c, mine, "CK");
+    snprintf(a->message, sizeof a->message, "%s", tp_errmsg());
+    a->clean = comm_agree_first(c, TP_OK, "CK");
+    return NULL;
+}
+
+Test(train, every_rank_hears_the_first_failed_ranks_cause)
+{
+    rank_slot slots[4];
+    agreement got[4];
+    memset(slots, 0, sizeof slots);
+    memset(got, 0, sizeof got);
+    for (int r = 0; r < 4; r++) slots[r].arg = &got[r];
+    run_ranks(1, 2, 2, agree_on_the_first_failure, slots);
+    for (int r = 0; r < 4; r++) {
+        cr_expect_eq(got[r].status, TP_ERR_NOT_FOUND, "rank %d: status %d", r, got[r].status);
+        cr_expect_str_eq(got[r].message, "rank 2: d.bin: no such token file", "rank %d", r);
+        cr_expect_eq(got[r].clean, TP_OK, "rank %d: no failure, yet %d", r, got[r].clean);
+    }
+}
+
 static void *abort_or_wait(void *arg)
 {
     rank_slot *slot = arg;
