@@ -31,6 +31,10 @@ typedef enum { COMM_SUM, COMM_MAX } comm_reduction;
 /* Same TP rank and replica. The stages form a ring: the last stage's next
  * is the first (the interleaved schedule's chunks continue there). */
 typedef enum { COMM_NEXT_STAGE, COMM_PREV_STAGE } comm_peer;
+/* The largest message tag: the largest every MPI guarantees (MPI_TAG_UB >=
+ * 32767). Messages between two ranks arrive in the order sent whatever
+ * their tags, so a sender that needs more numbers reuses them. */
+#define COMM_MAX_TAG 32767
 
 #define COMM_ALL_SENDS ((int64_t)-1)
 

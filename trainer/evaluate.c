@@ -64,10 +64,11 @@ static int forward_windows(gpt_model *m, const dataset *data, int64_t first, int
     gpt_slot *s = &m->slots[0];
     for (int64_t k = 0; k < passes; k++) {
         int64_t start = first + k * B, valid = last - start < B ? last - start : B;
+        int tag = (int)(k % (COMM_MAX_TAG + 1)); /* --windows goes to 2^40: passes beyond any MPI's tags */
         TP_TRY(fill_windows(data, s, B, T, start, valid, window));
-        if (!m->is_first) TP_TRY(comm_recv(c, COMM_PREV_STAGE, s->input, n, COMM_FLOAT, (int)k, COMM_HOST));
+        if (!m->is_first) TP_TRY(comm_recv(c, COMM_PREV_STAGE, s->input, n, COMM_FLOAT, tag, COMM_HOST));
         TP_TRY(gpt_model_forward(m, s, 0));
-        if (!m->is_last) TP_TRY(comm_send(c, COMM_NEXT_STAGE, gpt_model_output(m, s), n, COMM_FLOAT, (int)k, COMM_HOST));
+        if (!m->is_last) TP_TRY(comm_send(c, COMM_NEXT_STAGE, gpt_model_output(m, s), n, COMM_FLOAT, tag, COMM_HOST));
         TP_TRY(comm_wait_sends(c, COMM_HOST));
         if (m->is_last && c->tp_rank == 0) *loss += gpt_slot_loss(s, valid * T);
     }

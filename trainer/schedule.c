@@ -2,10 +2,8 @@
 #include <stdlib.h>
 
 #include "../common/error.h"
+#include "comm.h"
 #include "schedule.h"
-
-/* The largest tag every MPI guarantees (MPI_TAG_UB >= 32767). */
-#define PIPELINE_MAX_TAG 32767
 
 int pipeline_check(int pp, int chunks, int64_t micro_batches)
 {
@@ -19,9 +17,9 @@ int pipeline_check(int pp, int chunks, int64_t micro_batches)
         return tp_fail(TP_ERR_ARG, "the interleaved schedule runs micro-batches in groups of pp = %d: %lld "
                        "micro-batches a step (--grad-accum, or --global-batch / (micro-batch x dp)) is not a multiple "
                        "of %d", pp, (long long)micro_batches, pp);
-    if (pp > 1 && 2 * micro_batches * chunks > PIPELINE_MAX_TAG + 1)
+    if (pp > 1 && 2 * micro_batches * chunks > COMM_MAX_TAG + 1)
         return tp_fail(TP_ERR_ARG, "%lld micro-batches x %d chunks: more pipeline messages a step than MPI's %d tags",
-                       (long long)micro_batches, chunks, PIPELINE_MAX_TAG);
+                       (long long)micro_batches, chunks, COMM_MAX_TAG);
     return TP_OK;
 }
 

@@ -495,6 +495,15 @@ check_all "generate: NaN logits are an error naming the checkpoint" \
 # whole, 285 GB at this size, and the evaluation failed for want of memory.
 expect_ok "eval: --micro-batch far above the windows" "$TRAIN" eval --ckpt "$SRC" --data "$WORK/fox.bin" --windows 1 \
     --micro-batch 1048576
+# 40,000 forward passes through a pipeline of 2: their messages' tags wrap
+# at 32767 (the most every MPI guarantees; they had counted on), in order.
+"$PY" -c "print('the quick brown fox jumps over the lazy dog. ' * 1000, end='')" >"$WORK/long.txt"
+expect_ok "prepare 45,000 tokens" "$TRAIN" prepare "$WORK/long.txt" -o "$WORK/long.bin"
+run "$TRAIN" eval --ckpt "$SRC" --data "$WORK/long.bin" --seq 1 --micro-batch 1 --windows 40000 --json
+cp "$WORK/.out" "$WORK/passes1.json"
+run mpirun --oversubscribe -np 2 "$TRAIN" eval --ckpt "$SRC" --data "$WORK/long.bin" --pp 2 --seq 1 --micro-batch 1 \
+    --windows 40000 --json </dev/null
+check_all "eval: 40,000 passes at pp2 as one process" '[ "$RC" -eq 0 ] && same_loss "$WORK/passes1.json" "$WORK/.out" 1e-9'
 # Ranks that see different files (nodes that do not share a directory),
 # stood in for by a working directory a rank (mpirun -wdir): the job ends,
 # naming the cause. Each rank had looked at --ckpt itself: with a Megatron
