@@ -215,9 +215,12 @@ else failed "a 1.7M-parameter gguf: size label 1.7M, no_vocab, every tensor"; fi
 
 # --- llama.cpp itself as the judge (tests/trainer/llama_cpp.mjs): a
 # byte-level GPT-2 trained here, its GGUF loaded and run by llama.cpp's own
-# library. Its loss on the held-out windows is tp-train eval's (fp32 in both;
-# summation order aside), its greedy continuation tp-train generate's, and
-# its tokenizer gives tp-train prepare's tokens of text of every kind of byte.
+# library. Its loss on the held-out windows is tp-train eval's (fp32 in
+# both; 1e-4: llama.cpp's CPU backend takes GELU from a table of its fp16
+# inputs, GGML_GELU_FP16, which moved the loss of GPT-2s trained longer by up
+# to 2e-5, measured against an fp64 GPT-2 reading the same GGUF; 3.4e-6
+# here), its greedy continuation tp-train generate's, and its tokenizer gives
+# tp-train prepare's tokens of text of every kind of byte.
 expect_ok "train a byte-level GPT-2 at tp2" mpirun --oversubscribe -np 2 "$TRAIN" --model tiny --tp 2 --micro-batch 4 \
     --steps 120 --lr 1e-2 --data "$WORK/fox.bin" --ckpt-dir "$WORK/brun" --quiet </dev/null
 BSRC="$WORK/brun/step_00000120"
@@ -228,7 +231,7 @@ llama_cpp loss "$WORK/trained.gguf" "$WORK/held.bin" --windows 24 --seq 32
 if judged_by_llama_cpp "the loss, greedy continuation and tokens of GPT-2 GGUF exports"; then
     cp "$WORK/.out" "$WORK/trained-llama.json"
     check "llama.cpp's loss of the GGUF is tp-train eval's" [ "$RC" -eq 0 ] &&
-        check "to 1e-5" same_loss "$WORK/trained-eval.json" "$WORK/trained-llama.json" 1e-5
+        check "to 1e-4" same_loss "$WORK/trained-eval.json" "$WORK/trained-llama.json" 1e-4
     # bf16 (GGML type 30) as llama.cpp reads it: the weights' rounding moves
     # the loss by about 4e-4 relative.
     expect_ok "export it as a bf16 GGUF" "$CKPT" export "$BSRC" --format gguf --dtype bf16 -o "$WORK/trained-bf16.gguf"
@@ -269,7 +272,7 @@ PYEOF
     cp "$WORK/.out" "$WORK/swapped-llama.json"
     check "a GGUF with query and key swapped runs in llama.cpp" [ "$RC" -eq 0 ] &&
         check_all "its loss is not tp-train eval's to that tolerance" \
-            '! same_loss "$WORK/trained-eval.json" "$WORK/swapped-llama.json" 1e-5'
+            '! same_loss "$WORK/trained-eval.json" "$WORK/swapped-llama.json" 1e-4'
     llama_cpp tokenize "$WORK/bytes.gguf" "$WORK/utf8.txt" --prepared "$WORK/fox.bin"
     check "the tokenizer check fails on another text's tokens" [ "$RC" -eq 1 ] &&
         check "naming the first token that differs" grep -q "^llama_cpp: token 0: llama.cpp 110, the token file 116" "$WORK/.err"

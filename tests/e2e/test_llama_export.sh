@@ -87,6 +87,14 @@ if judged_by_llama_cpp "the Llama GGUF's loss"; then
     check "the unpermuted GGUF runs in llama.cpp" [ "$RC" -eq 0 ] &&
         check_all "its loss is not tp-train eval's to that tolerance" \
             '! same_loss "$WORK/eval.json" "$WORK/unpermuted-llama.json" 1e-5'
+    # Straight from a Llama-shaped Megatron-LM checkpoint (legacy, tp2): the
+    # GGUF computes the same loss.
+    expect_ok "the Llama as a Megatron-LM checkpoint at tp2" "$BIN/tp-reshard" "$SRC" --to tp2 --format megatron \
+        -o "$WORK/megatron"
+    expect_ok "exported as GGUF from Megatron's files" "$CK" export "$WORK/megatron" --format gguf -o "$WORK/megatron.gguf"
+    llama_cpp loss "$WORK/megatron.gguf" "$WORK/text.bin" --windows 8 --seq 32
+    check_all "llama.cpp's loss of the GGUF from Megatron's files is tp-train eval's" \
+        '[ "$RC" -eq 0 ] && same_loss "$WORK/eval.json" "$WORK/.out" 1e-5'
 fi
 
 # --- Back: import at tp1 and at tp4 (2 KV heads replicated over 4 ranks).
