@@ -22,11 +22,11 @@
 #  11. PyTorch distributed checkpoints: the Llama written as DCP that
 #      PyTorch's own DCP loads whole and sharded; a Megatron-Core torch_dist
 #      checkpoint read and written as a legacy Megatron one (checked)
-# Output goes to demo-run/ (ignored by git).
+# Output goes to demo-run/ (ignored by git), or to DEMO_OUT (tests/e2e/test_demo.sh).
 set -eu
 cd "$(dirname "$0")/.."
 BIN=${BUILD:-build}/bin
-OUT=demo-run
+OUT=${DEMO_OUT:-demo-run}
 MODEL="--layers 12 --dim 768 --heads 12 --vocab 50257 --seq 1024 --vocab-pad-multiple 128 --dtype bf16 --optim --seed 2024"
 rm -rf "$OUT"
 mkdir -p "$OUT/run"
@@ -92,6 +92,23 @@ ls -l "$OUT/hf" "$OUT/model.gguf" | sed 's/^/   /'
 /usr/bin/python3 tests/trainer/check_export.py safetensors "$OUT/hf" "$OUT/train" --data "$OUT/text.bin" --windows 40 \
     --seq 64 --loss "$LOSS" 2>/dev/null
 /usr/bin/python3 tests/trainer/check_export.py gguf "$OUT/model.gguf" "$OUT/train"
+# llama.cpp itself runs the GGUF (its library through node-llama-cpp, which
+# make deps installs): the same loss, but for the bf16 rounding of the weights.
+judged=77
+if command -v node >/dev/null 2>&1; then
+    judged=0
+    node tests/trainer/llama_cpp.mjs loss "$OUT/model.gguf" "$OUT/text.bin" --windows 40 --seq 64 \
+        >"$OUT/llama-loss.json" 2>"$OUT/llama.err" || judged=$?
+fi
+case $judged in
+0) /usr/bin/python3 -c 'import json, sys
+ours, theirs = float(sys.argv[2]), json.load(open(sys.argv[1]))["loss"]
+print("   llama.cpp computes a loss of %.6f from the bf16 GGUF; tp-train eval %.6f from the checkpoint (%.1e apart)"
+      % (theirs, ours, abs(theirs - ours) / ours))
+sys.exit(abs(theirs - ours) > 2e-3 * ours)' "$OUT/llama-loss.json" "$LOSS" ;;
+77) echo "   (llama.cpp's own run skipped: $(tail -n 1 "$OUT/llama.err" 2>/dev/null || echo "Node.js is not installed"))" ;;
+*) cat "$OUT/llama.err" >&2; echo "demo: llama.cpp could not run the GGUF" >&2; exit 1 ;;
+esac
 
 say "10. import the Hugging Face directory at tp4pp2: bit-exact against the trained weights"
 "$BIN/tp-ckpt" import "$OUT/hf" -o "$OUT/imported" --tp 4 --pp 2
