@@ -149,8 +149,14 @@ int ckpt_latest_update(const store_ops *storage, const char *run_dir, const char
 int ckpt_resolve_in(const store_ops *storage, const char *path, char *out);
 int ckpt_candidates_in(const store_ops *storage, const char *path, ckpt_candidate **out, int *count);
 
-/* Appends name to a growing array of names (*names, *count of *capacity;
- * freed by the caller), for the visitors of a listing. */
-int ckpt_append_name(char (**names)[CKPT_NAME_MAX + 1], int *count, int *capacity, const char *name);
+/* A growing array of names, for the visitors of a listing: start it {0};
+ * the caller frees names. */
+typedef struct {
+    char (*names)[CKPT_NAME_MAX + 1];
+    int count, capacity;
+} ckpt_name_list;
+
+/* Appends name to list. */
+int ckpt_append_name(ckpt_name_list *list, const char *name);
 
 #endif

@@ -253,18 +253,13 @@ static void renew(void *ctx, ckpt_lease_renewer *renewer)
     else if (!status) write_lease(claim, ++claim->renewals);
 }
 
-typedef struct {
-    char (*names)[CKPT_NAME_MAX + 1];
-    int count, capacity;
-} name_list;
-
 static int collect_writer_lease(void *ctx, const char *name)
 {
-    name_list *l = ctx;
+    ckpt_name_list *l = ctx;
     if (l->count == WRITERS_MAX)
         return tp_fail(TP_ERR_FORMAT, "%s: more than %d writers' leases in %s/: remove the stale ones by hand",
                        name, WRITERS_MAX, WRITERS_DIR);
-    return ckpt_append_name(&l->names, &l->count, &l->capacity, name);
+    return ckpt_append_name(l, name);
 }
 
 /* A run starting refuses a live writer's lease there, as a local run's
@@ -277,7 +272,7 @@ static int check_writer_leases(ckpt_run_claim *claim, const char *run_dir)
     char writers[CKPT_PATH_MAX];
     TP_TRY(store_for(run_dir, &store));
     TP_TRY(tp_path_join(writers, run_dir, WRITERS_DIR));
-    name_list found = {0};
+    ckpt_name_list found = {0};
     int status = store->list(store, writers, collect_writer_lease, &found);
     if (status == TP_ERR_NOT_FOUND) status = TP_OK; /* no writer ever wrote there */
     for (int i = 0; i < found.count && !status; i++) {

@@ -175,16 +175,16 @@ static int add_candidate(void *ctx, const char *name)
     return TP_OK;
 }
 
-int ckpt_append_name(char (**names)[CKPT_NAME_MAX + 1], int *count, int *capacity, const char *name)
+int ckpt_append_name(ckpt_name_list *list, const char *name)
 {
-    if (*count == *capacity) {
-        int grown_capacity = *capacity ? 2 * *capacity : 16;
-        void *grown = realloc(*names, (size_t)grown_capacity * sizeof **names);
+    if (list->count == list->capacity) {
+        int grown_capacity = list->capacity ? 2 * list->capacity : 16;
+        void *grown = realloc(list->names, (size_t)grown_capacity * sizeof *list->names);
         if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory");
-        *names = grown;
-        *capacity = grown_capacity;
+        list->names = grown;
+        list->capacity = grown_capacity;
     }
-    snprintf((*names)[(*count)++], sizeof **names, "%s", name);
+    snprintf(list->names[list->count++], sizeof *list->names, "%s", name);
     return TP_OK;
 }
 

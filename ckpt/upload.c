@@ -579,31 +579,49 @@ static int output_target_check(const store_ops *store, const char *target, int r
     return may_replace(&view.ops, target, ctx);
 }
 
-/* Everything at url but the uploads' claims, removed (what an elected
- * writer replaces or sent): another writer's claim is its own to remove. */
-typedef struct {
-    char (*names)[CKPT_NAME_MAX + 1];
-    int count, capacity;
-} name_array;
+/* What url lists that keep() does not keep, removed: listed first, then
+ * removed (a listing's visitor does not change what it lists). A url that
+ * is not there holds nothing to remove where missing_is_empty. */
+typedef int (*kept_name)(const void *ctx, const char *name);
 
-static int collect_unless_claim(void *ctx, const char *name)
+typedef struct {
+    ckpt_name_list removed;
+    kept_name keep;
+    const void *keep_ctx;
+} removal_scan;
+
+static int collect_unkept(void *ctx, const char *name)
 {
-    name_array *a = ctx;
-    return is_claim_name(name) ? TP_OK : ckpt_append_name(&a->names, &a->count, &a->capacity, name);
+    removal_scan *s = ctx;
+    return s->keep(s->keep_ctx, name) ? TP_OK : ckpt_append_name(&s->removed, name);
 }
 
-static int remove_all_but_claims(const store_ops *store, const char *url)
+static int remove_unkept(const store_ops *store, const char *url, int missing_is_empty, kept_name keep,
+                         const void *keep_ctx)
 {
-    name_array found = {NULL, 0, 0};
-    int status = store->list(store, url, collect_unless_claim, &found);
-    if (status == TP_ERR_NOT_FOUND) status = TP_OK; /* nothing there */
-    for (int i = 0; !status && i < found.count; i++) {
+    removal_scan scan = {{0}, keep, keep_ctx};
+    int status = store->list(store, url, collect_unkept, &scan);
+    if (status == TP_ERR_NOT_FOUND && missing_is_empty) status = TP_OK;
+    for (int i = 0; !status && i < scan.removed.count; i++) {
         char path[CKPT_PATH_MAX];
-        status = tp_path_join(path, url, found.names[i]);
+        status = tp_path_join(path, url, scan.removed.names[i]);
         if (!status) status = store->remove_tree(store, path);
     }
-    free(found.names);
+    free(scan.removed.names);
     return status;
+}
+
+static int an_upload_claim(const void *ctx, const char *name)
+{
+    (void)ctx;
+    return is_claim_name(name);
+}
+
+/* Everything at url but the uploads' claims, removed (what an elected
+ * writer replaces or sent): another writer's claim is its own to remove. */
+static int remove_all_but_claims(const store_ops *store, const char *url)
+{
+    return remove_unkept(store, url, 1, an_upload_claim, NULL);
 }
 
 /* Whether a store's directories exist apart from the objects in them
@@ -667,34 +685,22 @@ static int discard_upload(const char *url, upload_claim *claim, int status)
  * holds the new checkpoint alone, as a local --force leaves its directory.
  * A reader of the new checkpoint never opens them (its index names none);
  * one still reading the old checkpoint already met its replaced index and
- * shards (a missing or changed object, docs/STORES.md "Reading"). */
-typedef struct {
-    const ckpt_index *index;
-    char (*stale)[CKPT_NAME_MAX + 1];
-    int count, capacity;
-} stale_scan;
-
-static int collect_stale(void *ctx, const char *name)
+ * shards (a missing or changed object, docs/STORES.md "Reading"). Kept:
+ * the index, its files and the uploads' claims (this writer's goes last). */
+static int in_new_checkpoint(const void *ctx, const char *name)
 {
-    stale_scan *s = ctx;
-    if (!strcmp(name, CKPT_INDEX_NAME) || is_claim_name(name)) return TP_OK; /* this writer's claim goes last */
-    for (int f = 0; f < s->index->num_files; f++)
-        if (!strcmp(name, s->index->files[f].name)) return TP_OK;
-    return ckpt_append_name(&s->stale, &s->count, &s->capacity, name);
+    const ckpt_index *index = ctx;
+    if (!strcmp(name, CKPT_INDEX_NAME) || is_claim_name(name)) return 1;
+    for (int f = 0; f < index->num_files; f++)
+        if (!strcmp(name, index->files[f].name)) return 1;
+    return 0;
 }
 
 static int remove_stale(const char *url, const ckpt_index *index)
 {
     const store_ops *store;
     TP_TRY(store_for(url, &store));
-    stale_scan scan = {index, NULL, 0, 0};
-    int status = store->list(store, url, collect_stale, &scan);
-    for (int i = 0; !status && i < scan.count; i++) {
-        char path[CKPT_PATH_MAX];
-        status = tp_path_join(path, url, scan.stale[i]);
-        if (!status) status = store->remove_tree(store, path);
-    }
-    free(scan.stale);
+    int status = remove_unkept(store, url, 0, in_new_checkpoint, index);
     if (status)
         return tp_fail_context(status, "%s: replaced, but a file of the checkpoint it replaced could not be removed",
                                url);
@@ -867,8 +873,7 @@ static int upload_named(void *ctx, int64_t i, int thread)
 /* The files of a directory tree, as paths relative to its root (a
  * Megatron-LM checkpoint: iter_NNNNNNN/mp_rank_TT/model_optim_rng.pt). */
 typedef struct {
-    char (*names)[CKPT_NAME_MAX + 1];
-    int count, capacity;
+    ckpt_name_list found;
     const char *root;
     char prefix[CKPT_NAME_MAX + 1]; /* of the directory being listed, "" or ending in '/' */
 } name_list;
@@ -892,7 +897,7 @@ static int collect_name(void *ctx, const char *name)
         snprintf(l->prefix, sizeof l->prefix, "%s", saved);
         return status;
     }
-    return ckpt_append_name(&l->names, &l->count, &l->capacity, relative);
+    return ckpt_append_name(&l->found, relative);
 }
 
 /* Files that name the others go last: an index.json, a Megatron-LM
@@ -937,8 +942,8 @@ static int upload_files(const char *local, const char *url, const ckpt_upload_op
         int status = update_latest ? ckpt_upload_latest(url) : TP_OK;
         return status ? discard_upload(url, NULL, status) : TP_OK;
     }
-    name_list names = {.root = local};
-    int status = posix->list(posix, local, collect_name, &names);
+    name_list listing = {.root = local};
+    int status = posix->list(posix, local, collect_name, &listing);
     /* One upload to a URL at a time: elected before anything is sent. */
     upload_claim *claim = NULL;
     if (!status) status = claim_take(url, options && options->replace, &claim);
@@ -946,16 +951,17 @@ static int upload_files(const char *local, const char *url, const ckpt_upload_op
      * ones, and no tracker or index names files that are not there yet. */
     if (!status && options && options->replace) status = remove_all_but_claims(claim->store, url);
     int threads = transfer_threads(options);
-    if (!status && names.count) qsort(names.names, (size_t)names.count, sizeof *names.names, index_last);
-    int first_index = names.count;
-    while (first_index > 0 && names_an_index(names.names[first_index - 1])) first_index--;
-    files_job job = {local, url, names.names, options, claim};
+    if (!status && listing.found.count)
+        qsort(listing.found.names, (size_t)listing.found.count, sizeof *listing.found.names, index_last);
+    int first_index = listing.found.count;
+    while (first_index > 0 && names_an_index(listing.found.names[first_index - 1])) first_index--;
+    files_job job = {local, url, listing.found.names, options, claim};
     int begun = claim != NULL;
     if (!status && first_index > 0)
         status = parallel_for(first_index, first_index < threads ? first_index : threads, upload_named, &job);
-    if (!status && first_index < names.count) tp_fault_point("upload-before-index");
+    if (!status && first_index < listing.found.count) tp_fault_point("upload-before-index");
     if (!status) status = claim_check(claim);
-    for (int i = first_index; !status && i < names.count; i++) status = upload_named(&job, i, 0);
+    for (int i = first_index; !status && i < listing.found.count; i++) status = upload_named(&job, i, 0);
     if (!status && update_latest) {
         tp_fault_point("before-latest");
         status = ckpt_upload_latest(url);
@@ -964,7 +970,7 @@ static int upload_files(const char *local, const char *url, const ckpt_upload_op
      * removed first, or there was nothing (ckpt_output_begin). */
     if (status && begun) status = discard_upload(url, claim, status);
     claim_release(claim, !status);
-    free(names.names);
+    free(listing.found.names);
     return status;
 }
 
