@@ -402,12 +402,8 @@ void megatron_describe(const megatron_config *c, const char *name, ckpt_tensor_d
     d->ndim = has_suffix(leaf, ".bias") || strstr(leaf, "norm.") ? 1 : 2;
     d->shape[0] = h;
     d->shape[1] = h;
-    if (!strcmp(name, "embedding.word_embeddings.weight") || !strcmp(name, "output_layer.weight")) {
-        /* As stored, padded; or the true vocabulary, padded as Megatron pads
-         * it (rows to a multiple of make_vocab_size_divisible_by x tp). */
-        d->shape[0] = c->true_vocab > 0 ? c->true_vocab : c->padded_vocab;
-        d->partition.pad_multiple = c->true_vocab > 0 ? c->vocab_divisible_by : 0;
-        d->partition.kind = CKPT_SPLIT;
+    if (megatron_is_vocabulary_table(name)) {
+        megatron_describe_vocabulary(c, d);
     } else if (!strcmp(name, "embedding.position_embeddings.weight")) {
         d->shape[0] = c->max_positions;
     } else if (has_prefix(leaf, "attention.qkv.")) {
@@ -1102,25 +1098,47 @@ const megatron_config *megatron_config_of(const megatron_checkpoint *m)
     return &m->config;
 }
 
-int megatron_set_true_vocab(megatron_checkpoint *m, int64_t true_vocab)
+int64_t megatron_vocab_with_padding(int64_t vocab, int64_t divisible_by, int tp)
 {
-    megatron_config *c = &m->config;
-    int64_t multiple = c->vocab_divisible_by * c->tp;
-    int64_t padded = multiple > 0 ? (true_vocab + multiple - 1) / multiple * multiple : 0;
+    int64_t multiple = divisible_by * tp;
+    return multiple > 0 ? (vocab + multiple - 1) / multiple * multiple : 0;
+}
+
+int megatron_is_vocabulary_table(const char *param)
+{
+    return !strcmp(param, "embedding.word_embeddings.weight") || !strcmp(param, "output_layer.weight");
+}
+
+void megatron_describe_vocabulary(const megatron_config *c, ckpt_tensor_desc *d)
+{
+    d->shape[0] = c->true_vocab > 0 ? c->true_vocab : c->padded_vocab;
+    d->partition.kind = CKPT_SPLIT;
+    d->partition.axis = 0;
+    d->partition.pad_multiple = c->true_vocab > 0 ? c->vocab_divisible_by : 0;
+    d->partition.num_segments = 0; /* one segment: the vocabulary */
+    memset(d->partition.segments, 0, sizeof d->partition.segments);
+}
+
+int megatron_config_set_true_vocab(megatron_config *c, const char *path, int64_t true_vocab)
+{
+    int64_t padded = megatron_vocab_with_padding(true_vocab, c->vocab_divisible_by, c->tp);
     if (true_vocab <= 0 || padded != c->padded_vocab)
         return tp_fail(TP_ERR_ARG, "%s: a vocabulary of %lld tokens is padded to %lld rows for tp %d (a multiple of %lld x %d); "
-                       "the checkpoint has %lld", m->path, (long long)true_vocab, (long long)padded, c->tp,
+                       "the checkpoint has %lld", path, (long long)true_vocab, (long long)padded, c->tp,
                        (long long)c->vocab_divisible_by, c->tp, (long long)c->padded_vocab);
     c->true_vocab = true_vocab;
+    return TP_OK;
+}
+
+int megatron_set_true_vocab(megatron_checkpoint *m, int64_t true_vocab)
+{
+    TP_TRY(megatron_config_set_true_vocab(&m->config, m->path, true_vocab));
     for (int i = 0; i < m->num_tensors; i++) {
         megatron_tensor_entry *e = &m->tensors[i];
         const char *param = e->copy.desc.param ? e->copy.desc.param : e->copy.desc.name;
-        if (strcmp(param, "embedding.word_embeddings.weight") && strcmp(param, "output_layer.weight")) continue;
+        if (!megatron_is_vocabulary_table(param)) continue;
         ckpt_tensor_desc d = e->copy.desc;
-        d.shape[0] = true_vocab;
-        d.partition.pad_multiple = c->vocab_divisible_by;
-        d.partition.num_segments = 0; /* one segment: the vocabulary */
-        memset(d.partition.segments, 0, sizeof d.partition.segments);
+        megatron_describe_vocabulary(&m->config, &d);
         ckpt_tensor_copy copy;
         TP_TRY(ckpt_tensor_copy_init(&copy, &d));
         e->copy = copy;

@@ -117,6 +117,9 @@ const megatron_config *megatron_config_of(const megatron_checkpoint *checkpoint)
  * target (zero rows, a table cut or padded: what a TP change needs).
  * Refused when true_vocab does not pad to the stored size at this tp. */
 int megatron_set_true_vocab(megatron_checkpoint *checkpoint, int64_t true_vocab);
+/* Megatron's padding of a vocabulary (_vocab_size_with_padding): its rows
+ * to a multiple of make_vocab_size_divisible_by x tp. */
+int64_t megatron_vocab_with_padding(int64_t vocab, int64_t divisible_by, int tp);
 /* Why the rank files' optimizer state is not read, or NULL: it was, or
  * there is none. The weights are read either way. *status (when not NULL)
  * tells TP_ERR_LAYOUT, a layout not read (the distributed optimizer's
@@ -370,6 +373,10 @@ int megatron_dist_check_replicas(const megatron_dist *checkpoint, int threads, m
 /* megatron_dist_check_replicas, copies that differ refused (megatron_replicas_refusal):
  * what a reader computing digests and a tool whose output takes the copies read ask first. */
 int megatron_dist_refuse_differing_copies(const megatron_dist *checkpoint, int threads);
+/* megatron_set_true_vocab for a torch_dist checkpoint (its tables stored
+ * whole, padded for the tp it was saved at): the rows past true_vocab are
+ * Megatron's padding, left out. Before megatron_dist_reader_open. */
+int megatron_dist_set_true_vocab(megatron_dist *checkpoint, int64_t true_vocab);
 
 /* ------------------------------------ Megatron-Core torch_dist written */
 

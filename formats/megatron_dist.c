@@ -868,12 +868,23 @@ typedef struct {
 } box_list;
 
 /* Adds a box [offsets, offsets + sizes) of t, in its logical coordinates,
- * stored row-major at offset of file. */
+ * stored row-major at offset of file. A vocabulary table told its true
+ * size (megatron_dist_set_true_vocab) is stored with the rows of Megatron's
+ * padding after its tokens' rows: a box's rows past them are left out (the
+ * box's leading rows stay where they are in the file). */
 static int add_box(box_list *boxes, const char *where, const ckpt_tensor_desc *t, int file, int64_t offset,
                    const int64_t *offsets, const int64_t *sizes)
 {
     if (boxes->count > INT32_MAX - 2 * CKPT_MAX_SEGMENTS) return tp_fail(TP_ERR_FORMAT, "%s: too many chunks", where);
     TP_TRY(array_reserve((void **)&boxes->items, &boxes->capacity, boxes->count + CKPT_MAX_SEGMENTS, sizeof *boxes->items));
+    int64_t rows[CKPT_MAX_DIMS];
+    if (t->partition.kind == CKPT_SPLIT && t->partition.pad_multiple > 0 && t->partition.axis == 0 &&
+        offsets[0] + sizes[0] > t->shape[0]) {
+        if (offsets[0] >= t->shape[0]) return TP_OK; /* padding only */
+        memcpy(rows, sizes, (size_t)t->ndim * sizeof *rows);
+        rows[0] = t->shape[0] - offsets[0];
+        sizes = rows;
+    }
     int64_t n;
     TP_TRY(dcp_box_boxes(where, t, file, offset, offsets, sizes, boxes->items + boxes->count, &n));
     boxes->count += (int)n;
@@ -1338,6 +1349,15 @@ int megatron_dist_refuse_differing_copies(const megatron_dist *m, int threads)
     megatron_replica_result replicas;
     TP_TRY(megatron_dist_check_replicas(m, threads, &replicas));
     return megatron_replicas_refusal(m->path, &replicas);
+}
+
+int megatron_dist_set_true_vocab(megatron_dist *m, int64_t true_vocab)
+{
+    TP_TRY(megatron_config_set_true_vocab(&m->config, m->path, true_vocab));
+    for (int t = 0; t < m->tensors.count; t++)
+        if (megatron_is_vocabulary_table(m->tensors.items[t].param))
+            megatron_describe_vocabulary(&m->config, &m->tensors.items[t].desc);
+    return TP_OK;
 }
 
 int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int threads, ckpt_reader **out)

@@ -67,6 +67,18 @@ int megatron_canonical_name(const megatron_config *config, const char *path, int
 /* The logical shape, partition and anchor of a canonical name (d->name is
  * name, its dtype the model's). */
 void megatron_describe(const megatron_config *config, const char *name, ckpt_tensor_desc *d);
+/* Whether a canonical parameter is one of the vocabulary's tables (the word
+ * embeddings, the output layer), whose rows Megatron pads. */
+int megatron_is_vocabulary_table(const char *param);
+/* A vocabulary table's rows and split (d's other fields kept): as stored,
+ * padded; or, the true vocabulary told (config->true_vocab), its rows
+ * padded as Megatron pads them for any tp (a multiple of
+ * make_vocab_size_divisible_by x tp), so that a reshard pads it again for
+ * its target. */
+void megatron_describe_vocabulary(const megatron_config *config, ckpt_tensor_desc *d);
+/* Sets config->true_vocab; refused (naming path) when true_vocab does not
+ * pad to the stored rows at the checkpoint's tp. */
+int megatron_config_set_true_vocab(megatron_config *config, const char *path, int64_t true_vocab);
 
 /* A torch_dist checkpoint's common state as read (a dict: args,
  * checkpoint_version, iteration, the optimizer's param groups and step,

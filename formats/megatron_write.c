@@ -487,7 +487,6 @@ static void arg_string(byte_buffer *b, const char *key, const char *value)
 static void emit_model_args(byte_buffer *b, const megatron_args_spec *a)
 {
     const megatron_config *c = a->model;
-    int64_t multiple = c->vocab_divisible_by * a->tp;
     arg_int(b, "num_layers", c->num_layers);
     arg_int(b, "hidden_size", c->hidden);
     arg_int(b, "ffn_hidden_size", c->ffn);
@@ -525,7 +524,8 @@ static void emit_model_args(byte_buffer *b, const megatron_args_spec *a)
     if (c->true_vocab > 0) pk_int(b, c->true_vocab);
     else pk_none(b);
     arg_int(b, "make_vocab_size_divisible_by", c->vocab_divisible_by);
-    arg_int(b, "padded_vocab_size", c->true_vocab > 0 ? (c->true_vocab + multiple - 1) / multiple * multiple : c->padded_vocab);
+    arg_int(b, "padded_vocab_size",
+            c->true_vocab > 0 ? megatron_vocab_with_padding(c->true_vocab, c->vocab_divisible_by, a->tp) : c->padded_vocab);
     arg_int(b, "tensor_model_parallel_size", a->tp);
     arg_int(b, "pipeline_model_parallel_size", a->pp);
     pk_string(b, "virtual_pipeline_model_parallel_size");
@@ -570,10 +570,9 @@ int megatron_args_write(byte_buffer *b, pk_memo *memo, const megatron_args_spec 
         else if (pickle_is_string(k, "pipeline_model_parallel_size") ||
                  pickle_is_string(k, "transformer_pipeline_model_parallel_size"))
             pk_int(b, a->pp);
-        else if (pickle_is_string(k, "padded_vocab_size") && a->model->true_vocab > 0) {
-            int64_t multiple = a->model->vocab_divisible_by * a->tp; /* Megatron's _vocab_size_with_padding */
-            pk_int(b, (a->model->true_vocab + multiple - 1) / multiple * multiple);
-        } else if (pickle_is_string(k, "world_size") && state->dict.values.items[i]->kind == PICKLE_INT &&
+        else if (pickle_is_string(k, "padded_vocab_size") && a->model->true_vocab > 0)
+            pk_int(b, megatron_vocab_with_padding(a->model->true_vocab, a->model->vocab_divisible_by, a->tp));
+        else if (pickle_is_string(k, "world_size") && state->dict.values.items[i]->kind == PICKLE_INT &&
                    a->model->tp * a->model->pp > 0 &&
                    state->dict.values.items[i]->integer % (a->model->tp * a->model->pp) == 0) {
             /* The same data-parallel size over the output's model-parallel ranks. */

@@ -37,6 +37,7 @@ static int open_megatron(const char *path, const formats_source_options *o, form
 static int open_megatron_dist(const char *path, const formats_source_options *o, formats_source *s)
 {
     TP_TRY(megatron_dist_open(path, &s->dist));
+    if (o->true_vocab) TP_TRY(megatron_dist_set_true_vocab(s->dist, o->true_vocab));
     /* compute_digests compares them itself (megatron_dist_reader_open). */
     if (o->compare_copies && !o->compute_digests) TP_TRY(megatron_dist_refuse_differing_copies(s->dist, o->threads));
     return megatron_dist_reader_open(s->dist, o->compute_digests, o->threads, &s->reader);
@@ -58,10 +59,10 @@ static int open_own(const char *path, const formats_source_options *o, formats_s
 }
 
 static const checkpoint_format builtin[] = {
-    {"torch_dist", "Megatron-Core torch_dist", megatron_dist_detect, open_megatron_dist, &formats_torch_dist_writer},
-    {"dcp", "PyTorch distributed checkpoint", dcp_detect, open_dcp, &formats_dcp_writer},
-    {"megatron", "Megatron-LM legacy", megatron_detect, open_megatron, &formats_megatron_writer},
-    {"tp", "tp-toolkit", NULL, open_own, &formats_own_writer}, /* the fallback: asked last */
+    {"torch_dist", "Megatron-Core torch_dist", megatron_dist_detect, open_megatron_dist, &formats_torch_dist_writer, 1},
+    {"dcp", "PyTorch distributed checkpoint", dcp_detect, open_dcp, &formats_dcp_writer, 0},
+    {"megatron", "Megatron-LM legacy", megatron_detect, open_megatron, &formats_megatron_writer, 1},
+    {"tp", "tp-toolkit", NULL, open_own, &formats_own_writer, 0}, /* the fallback: asked last */
 };
 #define NUM_BUILTIN ((int)(sizeof builtin / sizeof builtin[0]))
 
@@ -143,6 +144,9 @@ int formats_source_open(const char *path, const checkpoint_format *format, const
     formats_source_options defaults = {0};
     if (!options) options = &defaults;
     if (!format) TP_TRY(formats_detect(path, &format));
+    if (options->true_vocab && !format->pads_vocabulary)
+        return tp_fail(TP_ERR_ARG, "%s: a true vocabulary size applies to a Megatron checkpoint (Megatron-LM legacy or "
+                       "Megatron-Core torch_dist), not to a %s checkpoint", path, format->title);
     formats_source *s = calloc(1, sizeof *s);
     if (!s) return tp_fail(TP_ERR_NOMEM, "out of memory");
     s->format = format;

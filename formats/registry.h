@@ -37,7 +37,7 @@ typedef struct {
                                       copies that differ refused (TP_ERR_FORMAT), as compute_digests does: for a
                                       tool whose output takes the copies read (export, import) */
     int threads;                   /* opening another tool's (0: all cores) */
-    int64_t true_vocab;            /* a Megatron-LM legacy source's true vocabulary size (0: not given) */
+    int64_t true_vocab;            /* a Megatron source's true vocabulary size (legacy or torch_dist; 0: not given) */
 } formats_source_options;
 
 /* How a format is written. plan checks that source can be written with
@@ -63,6 +63,11 @@ typedef struct checkpoint_format {
      * reader). */
     int (*open)(const char *path, const formats_source_options *options, formats_source *source);
     const struct formats_writer *writer; /* NULL: the format is read, not written */
+    /* Its tables of the vocabulary are stored padded as Megatron pads them,
+     * and its open takes formats_source_options.true_vocab (Megatron-LM's
+     * legacy format, Megatron-Core's torch_dist); a true_vocab given to
+     * another format is refused. */
+    int pads_vocabulary;
 } checkpoint_format;
 
 /* Adds a format, asked before the built-in ones (a test's, a new one). */
@@ -150,7 +155,7 @@ struct formats_write_summary {
         char text[256];
     } detail[FORMATS_WRITE_DETAILS];
     char warning[512];               /* said after the write, or "": what a change of layout leaves out */
-    int64_t true_vocab;              /* the output reopened for --verify with this vocabulary (Megatron-LM's) */
+    int64_t true_vocab;              /* the output reopened for --verify with this vocabulary (a Megatron output's) */
     cJSON *json;                     /* the format's keys of --json ("format", "files", ...); owned by the plan */
 };
 

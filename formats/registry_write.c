@@ -339,10 +339,6 @@ static int plan_torch_dist(formats_source *source, const formats_write_options *
     w->source = reader;
     TP_TRY(megatron_model_open(source, o, "Megatron-Core's torch_dist", &w->model));
     if (o->verify && w->model.view) return tp_fail(TP_ERR_ARG, "%s", regrouped_refusal);
-    if (o->verify && w->model.model->true_vocab > 0)
-        return tp_fail(TP_ERR_ARG, "--verify compares logical tensors, and a torch_dist checkpoint is read with its tables "
-                                   "as stored, padded for its tp (its reader is not told the true vocabulary): convert "
-                                   "it back to Megatron-LM's format at the same tp and compare that instead");
     /* A view's source: its optimizer state refused unless left out (its param groups are a Megatron run's). */
     w->options = (megatron_dist_write_options){
         .tp = o->reshard.tp, .pp = o->reshard.pp, .common = o->common,
@@ -360,6 +356,8 @@ static int plan_torch_dist(formats_source *source, const formats_write_options *
              megatron_naming_name(p->naming), common);
     snprintf(s->contents, sizeof s->contents, "%d tensors in %d chunks, %s", p->tensors, p->chunks,
              optimizer_text(p->optimizer));
+    /* The output's vocabulary padded for its TP: described by the true size, as the source is. */
+    s->true_vocab = w->model.view ? 0 : w->model.model->true_vocab;
     detail(s, "files", "%d data files __R_0.distcp, .metadata, metadata.json", p->files);
     detail(s, "tensors", "%d in %d chunks, %s", p->tensors, p->chunks, optimizer_text(p->optimizer));
     detail(s, "objects", "%d bytes entries%s", p->objects,

@@ -332,8 +332,7 @@ static int source_model(ckpt_reader *source, source_names *names, megatron_confi
         .untied = g->untied_embeddings, .rmsnorm = llama, .dtype = g->dtype, .openai_gelu = !llama,
         .norm_epsilon = llama ? g->norm_eps : 1e-5, .rotary_base = g->rope_theta, .rotary_percent = 1,
         .rope_scaling_factor = g->rope_scaling_factor};
-    int64_t multiple = model->vocab_divisible_by * model->tp;
-    model->padded_vocab = (model->true_vocab + multiple - 1) / multiple * multiple;
+    model->padded_vocab = megatron_vocab_with_padding(model->true_vocab, model->vocab_divisible_by, model->tp);
     if (!(names->canonical = calloc((size_t)names->count + 1, sizeof *names->canonical)))
         return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < names->count && !status; i++) {

@@ -1047,8 +1047,8 @@ static const char *export_usage =
     "  --tokenizer DIR          gguf: a Hugging Face tokenizer.json (BPE), or a GPT-2 tokenizer\n"
     "                           (vocab.json, merges.txt); default no_vocab (bytes for 256 tokens)\n"
     "  --name NAME              gguf: general.name (default \"GPT-2 (tp-toolkit)\", \"Llama (tp-toolkit)\")\n"
-    "  --true-vocab-size N      a Megatron-LM legacy GPT's vocabulary without Megatron's padding\n"
-    "                           (default: the padded table, as stored)\n"
+    "  --true-vocab-size N      a Megatron GPT's vocabulary without Megatron's padding (legacy or\n"
+    "                           torch_dist; default: the padded table, as stored)\n"
     "  --threads N              worker threads (default: all cores)\n"
     "  --memory-limit SIZE      bound on buffers (default 1G)\n"
     "  --force                  replace an existing output\n"
@@ -1134,8 +1134,8 @@ static int cmd_export(int argc, char **argv)
     int code = 0;
     const checkpoint_format *source_format = detect_or_fail(argv[optind], &code);
     if (!source_format) return code;
-    if (true_vocab && strcmp(source_format->name, "megatron"))
-        die_usage("--true-vocab-size applies to a Megatron-LM legacy checkpoint, not to %s (%s)", argv[optind],
+    if (true_vocab && !source_format->pads_vocabulary)
+        die_usage("--true-vocab-size applies to a Megatron checkpoint (legacy or torch_dist), not to %s (%s)", argv[optind],
                   source_format->title);
     ckpt_read_options read;
     ckpt_read_options_init(&read);
@@ -1221,8 +1221,8 @@ static const char *import_usage =
     "DIR may be a Megatron checkpoint (Megatron-LM legacy or Megatron-Core torch_dist) of a GPT-2\n"
     "trained with the tanh GELU (--openai-gelu) or of a Llama (docs/MEGATRON.md): its weights and\n"
     "optimizer state, in its dtype, at its iteration (name it RUN/step_NNNNNNNN to resume it):\n"
-    "  --true-vocab-size N      a legacy one's vocabulary without Megatron's padding (default: the\n"
-    "                           padded table)\n";
+    "  --true-vocab-size N      its vocabulary without Megatron's padding (default: the padded\n"
+    "                           table)\n";
 
 typedef struct {
     gpt_import *job;
@@ -1343,8 +1343,8 @@ static int cmd_import(int argc, char **argv)
     if (megatron && shape_given)
         die_usage("--dtype and --vocab-pad-multiple apply to a Hugging Face directory (a Megatron checkpoint keeps "
                   "its dtype and padding)");
-    if (strcmp(format->name, "megatron") && true_vocab)
-        die_usage("--true-vocab-size applies to a Megatron-LM legacy checkpoint, not to %s (%s)", dir,
+    if (!format->pads_vocabulary && true_vocab)
+        die_usage("--true-vocab-size applies to a Megatron checkpoint (legacy or torch_dist), not to %s (%s)", dir,
                   strcmp(format->name, "tp") ? format->title : "a Hugging Face directory");
     if (megatron) return import_megatron(dir, format, out, request.tp, request.pp, true_vocab, &options, force_progress);
     if ((code = run_output_refused(out, 0, 1))) return code; /* a Hugging Face model starts at step 0 */

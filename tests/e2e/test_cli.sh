@@ -6,8 +6,9 @@
 #   - a SIZE is whole bytes, or of binary units K, M, G, T (then i, B): no
 #     exponent, hexadecimal, sign, blanks or bits (1Gb);
 #   - tp-ckpt export refuses an option of another format than --format's,
-#     import and export --true-vocab-size for a source not Megatron-LM's
-#     legacy (exit 2, naming the option and what it applies to);
+#     import, export and tp-reshard --true-vocab-size for a source not
+#     Megatron's (legacy or torch_dist; exit 2, naming the option and what
+#     it applies to);
 #   - an empty -o (and copy's SRC or DST) is a usage error in every program;
 #   - every long option of every command is in its --help and its synopsis
 #     in docs/TOOLS.md, and every option a synopsis names is taken
@@ -106,15 +107,19 @@ for format in safetensors gguf hdf5; do
         "^tp-ckpt: --max-shard-size \(.*\) applies to --format safetensors only, not $format \(see tp-ckpt --help\)$" \
         "$CK" export "$WORK/ck" --format $format -o "$WORK/x" --max-shard-size 1G
     expect_error "export --format $format --true-vocab-size of this toolkit's checkpoint" 2 \
-        "^tp-ckpt: --true-vocab-size applies to a Megatron-LM legacy checkpoint, not to .*ck \(tp-toolkit\)" \
+        "^tp-ckpt: --true-vocab-size applies to a Megatron checkpoint \(legacy or torch_dist\), not to .*ck \(tp-toolkit\)" \
         "$CK" export "$WORK/ck" --format $format -o "$WORK/x" --true-vocab-size 200
 done
 check "no output was written by a refused export" [ ! -e "$WORK/x" ]
 expect_ok "export --format gguf --name" "$CK" export "$WORK/ck" --format gguf -o "$WORK/m.gguf" --name my-model
 check "the name is in the file" grep -q "my-model" "$WORK/m.gguf"
 expect_error "import --true-vocab-size of a Hugging Face directory" 2 \
-    "^tp-ckpt: --true-vocab-size applies to a Megatron-LM legacy checkpoint, not to .*hf \(a Hugging Face directory\)" \
+    "^tp-ckpt: --true-vocab-size applies to a Megatron checkpoint \(legacy or torch_dist\), not to .*hf \(a Hugging Face directory\)" \
     "$CK" import "$WORK/hf" -o "$WORK/x" --tp 1 --pp 1 --true-vocab-size 200
+expect_error "tp-reshard --true-vocab-size of a PyTorch distributed checkpoint" 2 \
+    "^tp-reshard: --true-vocab-size applies to a Megatron source \(legacy or torch_dist\), not to .*dcp/cols2 \(PyTorch distributed checkpoint\)" \
+    "$BIN/tp-reshard" "$ROOT/tests/data/dcp/cols2" --to tp1 -o "$WORK/x" --true-vocab-size 200
+check "nothing written for it" [ ! -e "$WORK/x" ]
 
 # ---------------------------------------------------------- empty paths
 # Each exited 1 ("path '' is empty or too long", or a missing file).

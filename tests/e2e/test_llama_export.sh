@@ -151,6 +151,32 @@ if judged_by_llama_cpp "the Llama 3 GGUF's loss"; then
     check "llama.cpp's loss of the Llama 3 GGUF is tp-train eval's" [ "$RC" -eq 0 ] &&
         check "to 1e-5" same_loss "$WORK/l3-eval.json" "$WORK/l3-llama.json" 1e-5
 fi
+# Straight from a torch_dist checkpoint whose tables Megatron padded (300
+# tokens in 384 rows at tp2, make_vocab_size_divisible_by 64): with
+# --true-vocab-size the GGUF is, byte for byte, the export of the model it
+# was written from, and llama.cpp computes that model's loss; with the
+# padded table (84 rows of zero logits) it does not.
+expect_ok "a tied Llama 3 padded to a multiple of 64" "$CK" synth -o "$WORK/l3p" --tp 2 --pp 2 $L3 --vocab-pad-multiple 64
+expect_ok "as Megatron-Core torch_dist at tp2" "$BIN/tp-reshard" "$WORK/l3p" --to tp2 --format torch_dist -o "$WORK/l3p.td"
+expect_ok "its info" "$CK" info "$WORK/l3p.td"
+check "its tables hold 384 rows" grep -q "vocabulary 384 (padded)" "$WORK/.out"
+expect_ok "GGUF from torch_dist with --true-vocab-size 300" "$CK" export "$WORK/l3p.td" --format gguf --tokenizer "$WORK/tok" \
+    --true-vocab-size 300 --name "Llama (tp-toolkit)" -o "$WORK/l3p-true.gguf"
+expect_ok "GGUF of the model it was written from" "$CK" export "$WORK/l3p" --format gguf --tokenizer "$WORK/tok" \
+    -o "$WORK/l3p.gguf"
+expect_ok "the same bytes" cmp "$WORK/l3p-true.gguf" "$WORK/l3p.gguf"
+expect_ok "GGUF from torch_dist, the table as stored" "$CK" export "$WORK/l3p.td" --format gguf --tokenizer "$WORK/tok" \
+    -o "$WORK/l3p-padded.gguf"
+expect_ok "tp-train eval of the padded Llama 3" "$BIN/tp-train" eval --ckpt "$WORK/l3p" --data "$WORK/text.bin" --windows 8 \
+    --seq 32 --json
+cp "$WORK/.out" "$WORK/l3p-eval.json"
+llama_cpp loss "$WORK/l3p-true.gguf" "$WORK/text.bin" --windows 8 --seq 32
+if judged_by_llama_cpp "the true-vocabulary GGUF's loss"; then
+    check_all "llama.cpp's loss of the GGUF from torch_dist at the true vocabulary is tp-train eval's" \
+        '[ "$RC" -eq 0 ] && same_loss "$WORK/l3p-eval.json" "$WORK/.out" 1e-5'
+    llama_cpp loss "$WORK/l3p-padded.gguf" "$WORK/text.bin" --windows 8 --seq 32
+    check_all "the padded table's is not" '[ "$RC" -eq 0 ] && ! same_loss "$WORK/l3p-eval.json" "$WORK/.out" 1e-5'
+fi
 "$PY" -c 'import json, sys
 t = json.load(open(sys.argv[1]))
 t["model"]["type"] = "WordPiece"

@@ -63,6 +63,43 @@ for which in mcore-0.18/gpt_tp2pp1 mcore-0.18/gpt_tp2pp2 mcore-0.20/gpt_tp2pp1 m
         "$out.legacy"
 done
 
+# --true-vocab-size: the checkpoints' tables hold 256 rows, the tokens' 250
+# and Megatron's padding for tp2 (make_vocab_size_divisible_by 128 x 2).
+# Told the true size, the reader leaves the padding out: the tables are
+# the tokens' rows of what Megatron-Core's ranks held (the judge's digests
+# of them, from save.json's true_vocab), and a torch_dist output pads them
+# again as Megatron pads for its tp (512 rows at tp4, which the stored 256
+# do not allow).
+for which in mcore-0.18/gpt_tp2pp2 mcore-0.20/llama_tp2pp1; do
+    release=${which%/*} name=${which#*/}
+    src="$WORK/$release/ckpt/$name"
+    out="$WORK/$release-$name"
+    expect_ok "$which -> this format at tp1 with --true-vocab-size 250, verified" "$RS" "$src" --format tp --to tp1 \
+        --true-vocab-size 250 -o "$out.true" --verify
+    expect_ok "$which: every tensor Megatron-Core's, the vocabulary's tables their 250 tokens' rows" "$PY" "$JUDGE" \
+        compare "$DATA/reference.json" "$which" "$out.true" --true-vocab
+    expect_error "$which -> torch_dist at tp4 without it: refused, naming the padding and the option" 1 \
+        "the padded vocabulary of 256 rows is not a multiple of 128 x tp 4.*--true-vocab-size" "$RS" "$src" --to tp4pp1 \
+        -o "$WORK/never"
+    expect_ok "$which -> torch_dist at tp4 with --true-vocab-size 250, verified" "$RS" "$src" --to tp4pp1 \
+        --true-vocab-size 250 -o "$out.td4" --verify
+    expect_ok "its info" "$CK" info "$out.td4"
+    check "its tables padded again for tp4: 512 rows" grep -q "vocabulary 512 (padded)" "$WORK/.out"
+    "$PY" "$ROOT/tests/support/mcore_metadata.py" common "$out.td4/iter_0000010" >"$WORK/td4.common"
+    check "its args say so (padded_vocab_size 512)" grep -q "'padded_vocab_size': 512" "$WORK/td4.common"
+    expect_ok "$which: the tp4 output read at tp1 with --true-vocab-size 250" "$RS" "$out.td4" --format tp --to tp1 \
+        --true-vocab-size 250 -o "$out.td4.true"
+    expect_ok "$which: Megatron-Core's tokens' rows again" "$PY" "$JUDGE" compare "$DATA/reference.json" "$which" \
+        "$out.td4.true" --true-vocab
+done
+run "$PY" "$JUDGE" compare "$DATA/reference.json" mcore-0.18/gpt_tp2pp2 "$WORK/mcore-0.18-gpt_tp2pp2.tp1" --true-vocab
+check_all "the judge can fail: the padded tables are not the tokens' rows (exit $RC)" \
+    '[ "$RC" -eq 1 ] && grep -q "^embedding.word_embeddings.weight: fp32 \[256, 64\], Megatron-Core.s .* holds fp32 \[250, 64\]" "$WORK/.out"'
+expect_error "a true vocabulary that does not pad to the stored rows: refused, naming both" 1 \
+    "gpt_tp2pp2/iter_0000010: a vocabulary of 300 tokens is padded to 512 rows for tp 2 \(a multiple of 128 x 2\); the checkpoint has 256" \
+    "$RS" "$WORK/mcore-0.18/ckpt/gpt_tp2pp2" --to tp1 --true-vocab-size 300 -o "$WORK/never"
+check "nothing written for the refused runs" test ! -e "$WORK/never"
+
 # The legacy output's names by default: the source's modules, which its
 # args.transformer_impl says (torch_dist keys a local model's layers under
 # Transformer Engine's names too). The real checkpoints were made with
@@ -222,6 +259,17 @@ if [ $TORCH -eq 1 ]; then
             --format gguf -o "$out.gguf"
         expect_ok "$which: the GGUF computes Megatron's logits too" "$PY" "$ROOT/tests/support/megatron_fixture.py" \
             --logits "$out.legacy" "$out.gguf"
+        # At the true vocabulary: the tokens' 250 logits of the 256.
+        expect_ok "$which: Hugging Face export with --true-vocab-size 250" "$CK" export "$WORK/$release/ckpt/$name" \
+            --format safetensors --true-vocab-size 250 -o "$out.hf250"
+        check "$which: its config says 250 tokens" "$PY" -c 'import json, sys
+sys.exit(json.load(open(sys.argv[1]))["vocab_size"] != 250)' "$out.hf250/config.json"
+        expect_ok "$which: it computes Megatron's logits of those tokens" "$PY" "$ROOT/tests/support/megatron_fixture.py" \
+            --logits "$out.legacy" "$out.hf250"
+        expect_ok "$which: GGUF export with --true-vocab-size 250" "$CK" export "$WORK/$release/ckpt/$name" \
+            --format gguf --true-vocab-size 250 -o "$out.250.gguf"
+        expect_ok "$which: it computes them too" "$PY" "$ROOT/tests/support/megatron_fixture.py" --logits "$out.legacy" \
+            "$out.250.gguf"
     done
     run "$PY" "$ROOT/tests/support/megatron_fixture.py" --logits "$WORK/mcore-0.20-llama_tp2pp1.legacy" \
         "$WORK/mcore-0.20-gpt_tp2pp1.hf"

@@ -159,6 +159,61 @@ Test(megatron_dist, dp_reshardable_main_copies_round_to_the_weights)
     megatron_dist_close(m);
 }
 
+/* ---------------------------------------------------- the true vocabulary */
+
+/* The fixture's tables hold 32 rows: 30 tokens padded to a multiple of 8 x
+ * tp 2, the padding at the end of tensor-parallel rank 1's piece (in the
+ * buckets, each piece a run of a bucket). Told 30, every table (the
+ * weights, the main copy, both moments) is its first 30 rows as read
+ * padded, with and without digests; 40 tokens (48 rows) are refused. */
+Test(megatron_dist, true_vocabulary_leaves_the_padding_out)
+{
+    megatron_dist *padded = NULL, *told = NULL;
+    cr_assert_eq(megatron_dist_open(FIXTURE, &padded), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(megatron_dist_open(FIXTURE, &told), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(megatron_dist_config(padded)->padded_vocab, 32);
+    cr_assert_eq(megatron_dist_set_true_vocab(told, 40), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "a vocabulary of 40 tokens is padded to 48 rows for tp 2 (a multiple of 8 x 2); the "
+                                  "checkpoint has 32"), "%s", tp_errmsg());
+    cr_assert_eq(megatron_dist_set_true_vocab(told, 30), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(megatron_dist_config(told)->true_vocab, 30);
+    for (int digests = 0; digests < 2; digests++) {
+        ckpt_reader *all = NULL, *tokens = NULL;
+        cr_assert_eq(megatron_dist_reader_open(padded, digests, 1, &all), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(megatron_dist_reader_open(told, digests, 1, &tokens), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(ckpt_reader_num_tensors(tokens), ckpt_reader_num_tensors(all));
+        int tables = 0;
+        for (int i = 0; i < ckpt_reader_num_tensors(all); i++) {
+            const ckpt_tensor_desc *a = ckpt_reader_tensor(all, i), *t = ckpt_reader_tensor(tokens, i);
+            cr_assert_str_eq(a->name, t->name);
+            int table = !strcmp(a->param, "embedding.word_embeddings.weight");
+            tables += table;
+            cr_assert_eq(t->shape[0], table ? 30 : a->shape[0], "%s: %lld rows", t->name, (long long)t->shape[0]);
+            int64_t n = elements_of(a->shape, a->ndim), m = elements_of(t->shape, t->ndim);
+            size_t size = tp_dtype_size(a->dtype);
+            unsigned char *x = calloc((size_t)n, size), *y = calloc((size_t)n, size);
+            cr_assert(x && y);
+            cr_assert_eq(ckpt_reader_read_piece(all, i, 0, x, (size_t)n * size), TP_OK, "%s", tp_errmsg());
+            /* Read at tp 1, the table's piece is padded to a multiple of 8: 32 rows, its last 2 zeros. */
+            int64_t piece[CKPT_MAX_DIMS];
+            ckpt_piece_shape(t, 1, piece);
+            int64_t stored = elements_of(piece, t->ndim);
+            cr_assert_eq(stored, n, "%s: a piece of %lld elements", t->name, (long long)stored);
+            cr_assert_eq(ckpt_reader_read_piece(tokens, i, 0, y, (size_t)stored * size), TP_OK, "%s", tp_errmsg());
+            cr_assert_eq(memcmp(x, y, (size_t)m * size), 0, "%s: the tokens' rows differ", t->name);
+            for (int64_t k = m * (int64_t)size; k < n * (int64_t)size; k++)
+                cr_assert_eq(y[k], 0, "%s: its padding reads as %d at byte %lld", t->name, y[k], (long long)k);
+            free(x);
+            free(y);
+        }
+        cr_assert_eq(tables, 4, "the weights, the main copy and two moments");
+        ckpt_reader_close(all);
+        ckpt_reader_close(tokens);
+    }
+    megatron_dist_close(padded);
+    megatron_dist_close(told);
+}
+
 /* ------------------------------------------------------------ the corpus */
 
 #include "../fuzz/fuzz_megatron_dist.c"

@@ -100,7 +100,7 @@ static int marked_open(const char *path, const formats_source_options *options, 
 
 Test(registry, a_registered_format_is_asked_first)
 {
-    static const checkpoint_format marked = {"marked", "a test's format", marked_detect, marked_open, NULL};
+    static const checkpoint_format marked = {"marked", "a test's format", marked_detect, marked_open, NULL, 0};
     cr_assert_eq(formats_register(&marked), TP_OK, "%s", tp_errmsg());
     cr_assert_neq(formats_register(&marked), TP_OK, "the same name twice");
     cr_assert(strstr(tp_errmsg(), "marked exists already"), "%s", tp_errmsg());
@@ -315,13 +315,13 @@ static int marked_may_replace(const store_ops *storage, const char *path, void *
 Test(registry, a_registered_format_is_written_by_its_writer)
 {
     static const formats_writer half = {marked_plan, NULL, marked_free, marked_may_replace};
-    static const checkpoint_format broken = {"broken", "a test's format", marked_detect, marked_open, &half};
+    static const checkpoint_format broken = {"broken", "a test's format", marked_detect, marked_open, &half, 0};
     cr_assert_neq(formats_register(&broken), TP_OK, "a writer without a write");
     cr_assert(strstr(tp_errmsg(), "a writer needs"), "%s", tp_errmsg());
     cr_assert_null(formats_find("broken"));
 
     static const formats_writer writer = {marked_plan, marked_write, marked_free, marked_may_replace};
-    static const checkpoint_format marked = {"marked", "a test's format", marked_detect, marked_open, &writer};
+    static const checkpoint_format marked = {"marked", "a test's format", marked_detect, marked_open, &writer, 0};
     cr_assert_eq(formats_register(&marked), TP_OK, "%s", tp_errmsg());
     formats_source *source = NULL;
     cr_assert_eq(formats_source_open("tests/data/dcp/cols2", NULL, NULL, &source), TP_OK, "%s", tp_errmsg());
@@ -352,7 +352,7 @@ Test(registry, a_registered_format_is_written_by_its_writer)
     cr_assert_eq(written, tensors);
 
     /* A format without a writer is read, not written. */
-    static const checkpoint_format read_only = {"read-only", "read-only test", marked_detect, marked_open, NULL};
+    static const checkpoint_format read_only = {"read-only", "read-only test", marked_detect, marked_open, NULL, 0};
     cr_assert_neq(formats_write_plan_create(source, &read_only, &options, &plan), TP_OK);
     cr_assert_null(plan);
     cr_assert(strstr(tp_errmsg(), "read-only test checkpoints are read, not written"), "%s", tp_errmsg());

@@ -13,12 +13,17 @@ the checkpoints and not a second copy of their values.
       FIXTURES is the folder of the fixtures (mcore-0.18/, mcore-0.20/):
       for every ref/NAME/global.safetensors, each key's dtype, shape and
       digests (read with the standard library and numpy: no project code).
-  mcore_reference.py compare OUT.json RELEASE/NAME CKPT
+      The vocabulary's tables (the word embeddings, the output layer and
+      their optimizer state), stored padded, also have the digest of their
+      first true_vocab rows (save.json's: the tokens' rows, without
+      Megatron's padding).
+  mcore_reference.py compare OUT.json RELEASE/NAME CKPT [--true-vocab]
       CKPT is a tp-ckpt checkpoint (any layout), read with the independent
       reader tests/ckpt/check_h5py.py: every tensor of the reference must be
       in it under its canonical name (the map below, written from
       Megatron-Core's layer specification) with the same dtype, shape and
-      bytes, and it must hold no other tensor.
+      bytes, and it must hold no other tensor. With --true-vocab, the
+      vocabulary's tables hold the tokens' rows alone.
 Exit 0 when everything matches, 1 otherwise (one line per problem).
 """
 import hashlib
@@ -58,6 +63,8 @@ OTHER_NAMES = {
 }
 # Megatron's optimizer states, and the roles they are read as.
 STATES = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "fp32_param": "master"}
+# The tables whose rows are the vocabulary's, padded as Megatron pads them.
+VOCABULARY_TABLES = ("embedding.word_embeddings.weight", "output_layer.weight")
 DTYPES = {"F32": ("fp32", 4), "BF16": ("bf16", 2), "F16": ("fp16", 2)}
 
 
@@ -85,12 +92,18 @@ def digests(fixtures, out_path):
             continue
         for name in sorted(os.listdir(ref_root)):
             tensors = {}
+            with open(os.path.join(ref_root, name, "save.json")) as f:
+                true_vocab = json.load(f)["true_vocab"]
             for key, (dtype, shape, data) in read_safetensors(os.path.join(ref_root, name, "global.safetensors")).items():
                 model_key = key.split(".", 3)[3] if key.startswith("optimizer.state.") else key
                 parts = shape[0] if model_key.startswith(STACKED) else 1
                 step = len(data) // parts
                 tensors[key] = {"dtype": dtype, "shape": shape,
                                 "sha256": [hashlib.sha256(data[i * step:(i + 1) * step]).hexdigest() for i in range(parts)]}
+                if model_key in VOCABULARY_TABLES:
+                    row = len(data) // shape[0]
+                    tensors[key]["true_rows"] = true_vocab
+                    tensors[key]["sha256_true_rows"] = hashlib.sha256(data[:true_vocab * row]).hexdigest()
             result[release + "/" + name] = tensors
     with open(out_path, "w") as f:
         json.dump(result, f, indent=0, sort_keys=True)
@@ -115,7 +128,7 @@ def canonical(key):
 LAYERS = [0]
 
 
-def compare(digest_path, which, ckpt_path):
+def compare(digest_path, which, ckpt_path, true_vocab=False):
     with open(digest_path) as f:
         reference = json.load(f)[which]
     ckpt, index = check_h5py.load_index(ckpt_path)
@@ -126,6 +139,9 @@ def compare(digest_path, which, ckpt_path):
         LAYERS[0] = ref["shape"][0] if model_key.startswith(STACKED) else 1
         dtype = DTYPES[ref["dtype"]][0]
         shape = ref["shape"][1:] if model_key.startswith(STACKED) else ref["shape"]
+        digest = ref["sha256"]
+        if true_vocab and model_key in VOCABULARY_TABLES:
+            shape, digest = [ref["true_rows"]] + shape[1:], [ref["sha256_true_rows"]]
         for name, layer in canonical(key):
             seen.add(name)
             t = tensors.get(name)
@@ -139,7 +155,7 @@ def compare(digest_path, which, ckpt_path):
             if read is None:
                 continue
             got = hashlib.sha256(np.ascontiguousarray(read[1]).tobytes()).hexdigest()
-            if got != ref["sha256"][layer or 0]:
+            if got != digest[layer or 0]:
                 problems.append("%s: its bytes differ from Megatron-Core's %s%s" % (name, key, "" if layer is None else "[%d]" % layer))
             elif name.startswith("optim/"):
                 optimizer += 1
@@ -159,8 +175,8 @@ def compare(digest_path, which, ckpt_path):
 def main(argv):
     if len(argv) == 4 and argv[1] == "digests":
         return digests(argv[2], argv[3])
-    if len(argv) == 5 and argv[1] == "compare":
-        return compare(argv[2], argv[3], argv[4])
+    if len(argv) in (5, 6) and argv[1] == "compare" and argv[5:] in ([], ["--true-vocab"]):
+        return compare(argv[2], argv[3], argv[4], true_vocab=len(argv) == 6)
     sys.stderr.write(__doc__)
     return 2
 
