@@ -154,6 +154,20 @@ for layout in dp_reshardable fully_reshardable fully_sharded_model_space; do
     check "info names the distributed optimizer's layout ($layout)" \
         grep -q "^optimizer    Adam state of the distributed optimizer, $layout, read" "$WORK/.out"
 done
+# --true-vocab-size (200 tokens in 224 rows, padded for tp2): the tables of
+# every layout, the optimizer's state of them included, read without the
+# padding, as the legacy checkpoint's are (each chunk, cell or bucket run
+# cut at the last token's row).
+expect_ok "the legacy checkpoint at its 200 tokens" "$RS" "$WORK/gpt.legacy" --format tp --to tp1 --true-vocab-size 200 \
+    -o "$WORK/gpt.true"
+expect_ok "its info" "$CK" info "$WORK/gpt.true"
+check "its tables hold the 200 tokens' rows" grep -Eq "^optim/exp_avg/embedding.word_embeddings.weight +fp32 +\[200, 64\]" \
+    "$WORK/.out"
+for source in gpt.dist do.dp_reshardable do.fully_reshardable do.fully_sharded_model_space; do
+    expect_ok "$source at its 200 tokens" "$RS" "$WORK/$source" --format tp --to tp1 --true-vocab-size 200 \
+        -o "$WORK/$source.true" --verify
+    expect_ok "$source: equal to the legacy checkpoint's, bit for bit" "$CK" diff "$WORK/gpt.true" "$WORK/$source.true"
+done
 expect_ok "info --json" "$CK" info "$WORK/do.dp_reshardable" --json
 check_all "info --json: the layout read, 208 tensors" \
     '"$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); assert d[\"optimizer_layout\"]==\"dp_reshardable\" and len(d[\"tensors\"])==208, d.get(\"optimizer_layout\")" "$WORK/.out"'
