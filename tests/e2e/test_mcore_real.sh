@@ -310,6 +310,35 @@ check "the rounding said" grep -q "^note: 9 parameters stored in fp32 beside bf1
 expect_ok "the GPT imported (the exact GELU refused for training; its export is the way)" "$CK" info \
     "$WORK/run/step_00000010"
 check "its step is the iteration" grep -q "step 10\|step         10" "$WORK/.out"
+# Imported at its 250 tokens: the model's vocabulary is the tokenizer's, and
+# its export holds the tensors of the torch_dist checkpoint's own export at
+# that size (both in bf16: the import rounds the fp32 norms).
+LLAMA20="$WORK/mcore-0.20/ckpt/llama_tp2pp1"
+expect_ok "the real Llama imported with --true-vocab-size 250" "$CK" import "$LLAMA20" -o "$WORK/llama250" --tp 2 --pp 1 \
+    --true-vocab-size 250
+expect_ok "its info" "$CK" info "$WORK/llama250"
+check "its model has 250 tokens, padded as Megatron pads" grep -q '"vocab":250,.*"vocab_pad_multiple":128' "$WORK/.out"
+expect_ok "its export in bf16" "$CK" export "$WORK/llama250" --format safetensors --dtype bf16 -o "$WORK/llama250.hf"
+expect_ok "the torch_dist checkpoint's own export at 250 tokens in bf16" "$CK" export "$LLAMA20" --format safetensors \
+    --dtype bf16 --true-vocab-size 250 -o "$WORK/llama250.direct.hf"
+same_tensors() {
+    "$PY" - "$1" "$2" <<'PYEOF'
+import json, struct, sys
+def tensors(path):
+    raw = open(path + "/model.safetensors", "rb").read()
+    size = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + size])
+    return {k: (v["dtype"], v["shape"], raw[8 + size + v["data_offsets"][0]:8 + size + v["data_offsets"][1]])
+            for k, v in header.items() if k != "__metadata__"}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+sys.exit("tensors that differ: %s" % differ[:8] if differ else 0)
+PYEOF
+}
+expect_ok "the same tensors" same_tensors "$WORK/llama250.hf" "$WORK/llama250.direct.hf"
+run same_tensors "$WORK/llama250.hf" "$WORK/mcore-0.20-llama_tp2pp1.hf250"
+check_all "the judge can fail: not the fp32 export's (its norms fp32; exit $RC)" \
+    '[ "$RC" -eq 1 ] && grep -q "model.layers.0.input_layernorm.weight" "$WORK/.err"'
 
 # The judge can fail: the GPT's tensors are not the Llama's.
 run "$PY" "$JUDGE" compare "$DATA/reference.json" mcore-0.20/llama_tp2pp1 "$WORK/mcore-0.20-gpt_tp2pp1.tp1"
