@@ -848,13 +848,16 @@ typedef struct {
     int64_t mismatches;      /* elements outside tolerance */
     double max_abs_diff;
     double max_rel_diff;     /* |a-b| / max(|a|,|b|), over elements with a nonzero */
-    int64_t worst_index;     /* flat logical index of the largest absolute difference */
+    int64_t worst_index;     /* flat logical index of the largest absolute difference, or -1 */
+    unsigned char worst_a[4], worst_b[4]; /* its stored bytes, in each side's dtype (ckpt_element_text) */
 } ckpt_compare_result;
 
 /* Compares tensor a_index of a with tensor b_index of b logically (merged,
  * unpadded), whatever the layouts and stored dtypes. An element matches when
- * its values are bit-identical after conversion to fp32 or
- * |a-b| <= atol + rtol * max(|a|,|b|). Streams in slabs of at most
+ * its values are bit-identical after conversion to fp32 (so that +0 and -0
+ * differ, and NaNs of other bits) or, with a tolerance (rtol or atol not
+ * 0), both are finite and |a-b| <= atol + rtol * max(|a|,|b|): an infinity
+ * or a NaN matches only its own bits. Streams in slabs of at most
  * slab_bytes per side. Fails with TP_ERR_ARG when the logical shapes differ. */
 int ckpt_compare_tensor(ckpt_reader *a, int a_index, ckpt_reader *b, int b_index, double rtol,
                         double atol, size_t slab_bytes, ckpt_compare_result *out);

@@ -82,13 +82,18 @@ int ckpt_compare_tensor(ckpt_reader *a, int ai, ckpt_reader *b, int bi, double r
             if (bx == by) continue;
             double diff = fabs(x - y);
             double scale = fmax(fabs(x), fabs(y));
-            if (isnan(diff)) diff = INFINITY; /* NaN against a number, or differing NaNs */
-            double rel = scale > 0 ? diff / scale : diff;
-            int within = !exact && diff <= atol + rtol * scale;
+            /* An infinity or a NaN that is not the other side's bits is out
+             * of any tolerance: an infinite scale would take in anything. */
+            int finite = isfinite(x) && isfinite(y);
+            if (!finite) diff = INFINITY;
+            double rel = !finite ? INFINITY : scale > 0 ? diff / scale : diff;
+            int within = !exact && finite && diff <= atol + rtol * scale;
             if (!within) out->mismatches++;
             if (diff > out->max_abs_diff || out->worst_index < 0) {
                 out->max_abs_diff = diff;
                 out->worst_index = row * row_elements + k;
+                memcpy(out->worst_a, (const char *)buf_a + k * (int64_t)tp_dtype_size(ta->dtype), tp_dtype_size(ta->dtype));
+                memcpy(out->worst_b, (const char *)buf_b + k * (int64_t)tp_dtype_size(tb->dtype), tp_dtype_size(tb->dtype));
             }
             if (rel > out->max_rel_diff) out->max_rel_diff = rel;
         }

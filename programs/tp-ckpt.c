@@ -829,8 +829,10 @@ static int cmd_diff(int argc, char **argv)
             printf("usage: tp-ckpt diff A B [--tol X] [--atol X] [--threads N] [--weights-only]\n"
                    "Compares the merged (logical) tensors of two checkpoints of any layouts\n"
                    "(with --weights-only the parameters alone, not the optimizer state).\n"
-                   "Elements match when bit-identical or |a-b| <= atol + tol * max(|a|,|b|);\n"
-                   "the default is bit-exact. Exit 0 when equal, 1 otherwise.\n");
+                   "Elements match when bit-identical or |a-b| <= atol + tol * max(|a|,|b|)\n"
+                   "(both finite); the default is bit-exact: +0 and -0 differ. Each differing\n"
+                   "tensor's largest difference is shown with its place and both values.\n"
+                   "Exit 0 when equal, 1 otherwise.\n");
             return 0;
         } else die_usage("diff: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
@@ -881,11 +883,20 @@ static int cmd_diff(int argc, char **argv)
         printf("%-44s %14s %14s %12s %12s\n", "tensor", "mismatches", "elements", "max abs", "max rel");
         for (int i = 0; i < n && i < 10 && (diffs[i].shapes_differ || diffs[i].result.mismatches); i++) {
             const tensor_diff *d = &diffs[i];
-            if (d->shapes_differ) printf("%-44s %s\n", ckpt_reader_tensor(a, d->a)->name, d->message);
-            else
-                printf("%-44s %14lld %14lld %12.4g %12.4g\n", ckpt_reader_tensor(a, d->a)->name,
-                       (long long)d->result.mismatches, (long long)d->result.elements, d->result.max_abs_diff,
-                       d->result.max_rel_diff);
+            const ckpt_tensor_desc *ta = ckpt_reader_tensor(a, d->a), *tb = ckpt_reader_tensor(b, d->b);
+            if (d->shapes_differ) {
+                printf("%-44s %s\n", ta->name, d->message);
+                continue;
+            }
+            printf("%-44s %14lld %14lld %12.4g %12.4g\n", ta->name, (long long)d->result.mismatches,
+                   (long long)d->result.elements, d->result.max_abs_diff, d->result.max_rel_diff);
+            /* Where: the element of the largest difference, both values as stored. */
+            char place[200], va[64], vb[64];
+            ckpt_element_place(ta->shape, NULL, ta->ndim, d->result.worst_index, place, sizeof place);
+            ckpt_element_text(d->result.worst_a, ta->dtype, va, sizeof va);
+            ckpt_element_text(d->result.worst_b, tb->dtype, vb, sizeof vb);
+            printf("    largest at [%s]: A %s %s, B %s %s\n", place, va, tp_dtype_name(ta->dtype), vb,
+                   tp_dtype_name(tb->dtype));
         }
     }
     /* A tensor that could not be read is neither equal nor different: the

@@ -50,6 +50,45 @@ expect_ok "synth without optimizer" "$CK" synth -o "$WORK/a3" --tp 2 --pp 2 $MOD
 expect_error "diff notices missing tensors" 1 "in one only" "$CK" diff "$WORK/a" "$WORK/a3"
 check "diff names a missing tensor" grep -q "only in A: optim/" "$WORK/.out"
 
+# Values a tolerance must not take in: one element (777 of GPT-2's c_attn,
+# [8, 9] there, [9, 8] in this model's qkv) set to 1, +inf, -inf, NaN, +0
+# and -0 through a Hugging Face export changed and imported back. An
+# infinity's relative scale is infinite: --tol once called inf equal to 1.
+expect_ok "synth a small fp32 GPT" "$CK" synth -o "$WORK/v" --tp 1 --pp 1 --layers 1 --dim 32 --heads 2 --vocab 64 --seq 16
+expect_ok "its export" "$CK" export "$WORK/v" --format safetensors -o "$WORK/v.hf"
+for value in one:1.0 inf:inf ninf:-inf nan:nan pz:0.0 nz:-0.0; do
+    name=${value%%:*}
+    mkdir -p "$WORK/v_$name.hf"
+    cp "$WORK/v.hf/config.json" "$WORK/v_$name.hf/"
+    expect_ok "element 777 set to ${value#*:}" "$PY" - "$WORK/v.hf/model.safetensors" "$WORK/v_$name.hf/model.safetensors" \
+        "${value#*:}" <<'PYEOF'
+import json, struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+size = struct.unpack("<Q", raw[:8])[0]
+info = json.loads(raw[8:8 + size])["transformer.h.0.attn.c_attn.weight"]
+assert info["dtype"] == "F32" and info["shape"] == [32, 96], info
+at = 8 + size + info["data_offsets"][0] + 777 * 4
+raw[at:at + 4] = struct.pack("<f", float(sys.argv[3]))
+open(sys.argv[2], "wb").write(raw)
+PYEOF
+    expect_ok "imported" "$CK" import "$WORK/v_$name.hf" --tp 1 --pp 1 -o "$WORK/v_$name"
+done
+expect_error "+inf against 1 with --tol 1e-3: a difference" 1 "checkpoints differ" "$CK" diff "$WORK/v_inf" "$WORK/v_one" \
+    --tol 1e-3
+check_all "the table gives inf, and where and both values as stored" \
+    'grep -Eq "^model/layers.0.attn.qkv.weight +1 +3072 +inf +inf$" "$WORK/.out" &&
+     grep -q "^    largest at \[9, 8\]: A inf (0x7f800000) fp32, B 1 (0x3f800000) fp32$" "$WORK/.out"'
+expect_error "+inf against -inf with --tol 1" 1 "checkpoints differ" "$CK" diff "$WORK/v_inf" "$WORK/v_ninf" --tol 1
+expect_error "NaN against +inf with --atol 1" 1 "checkpoints differ" "$CK" diff "$WORK/v_nan" "$WORK/v_inf" --atol 1
+expect_error "NaN against 1 with --tol 1" 1 "checkpoints differ" "$CK" diff "$WORK/v_nan" "$WORK/v_one" --tol 1
+expect_ok "+inf against itself: equal, bit-exact" "$CK" diff "$WORK/v_inf" "$WORK/v_inf"
+expect_ok "NaN against itself (the same bits) with a tolerance: equal" "$CK" diff "$WORK/v_nan" "$WORK/v_nan" --tol 1e-3
+expect_error "+0 against -0: bit-exact by default, a difference" 1 "checkpoints differ" "$CK" diff "$WORK/v_pz" "$WORK/v_nz"
+check "both zeros shown by their bits" grep -q "A 0 (0x00000000) fp32, B -0 (0x80000000) fp32" "$WORK/.out"
+expect_ok "with a tolerance they are equal" "$CK" diff "$WORK/v_pz" "$WORK/v_nz" --atol 1e-30
+check "within tolerance" grep -q "within tolerance" "$WORK/.out"
+expect_ok "1 against the original value within --tol 10" "$CK" diff "$WORK/v_one" "$WORK/v" --tol 10
+
 # ------------------------------------------------------ one flipped byte
 cp -r "$WORK/a" "$WORK/damaged"
 SHARD="$WORK/damaged/shard_pp01_tp01.h5"
