@@ -137,6 +137,14 @@ static cJSON *index_object(const ckpt_reader *r)
     return root;
 }
 
+/* Sets key to value in o, replacing what the index put there (its format:
+ * this toolkit's), so that the object holds every key once. */
+static void set_string(cJSON *o, const char *key, const char *value)
+{
+    cJSON_DeleteItemFromObjectCaseSensitive(o, key);
+    cJSON_AddStringToObject(o, key, value);
+}
+
 static void print_object(cJSON *root)
 {
     char *out = cJSON_Print(root);
@@ -352,8 +360,8 @@ static int info_dcp(const char *path, int json)
         cJSON *root = index_object(r);
         code = root ? 0 : 1;
         if (root) {
-            cJSON_AddStringToObject(root, "format", "dcp");
-            cJSON_AddStringToObject(root, "path", dcp_path(d));
+            set_string(root, "format", "dcp");
+            set_string(root, "path", dcp_path(d));
             cJSON_AddStringToObject(root, "torch", torch);
             cJSON_AddBoolToObject(root, "described", dcp_has_description(d));
             cJSON_AddNumberToObject(root, "total_bytes", (double)dcp_bytes(d));
@@ -418,8 +426,8 @@ static int info_megatron_dist(const char *path, int json)
         cJSON *root = index_object(r);
         code = root ? 0 : 1;
         if (root) {
-            cJSON_AddStringToObject(root, "format", "megatron-torch-dist");
-            cJSON_AddStringToObject(root, "path", megatron_dist_path(m));
+            set_string(root, "format", "megatron-torch-dist");
+            set_string(root, "path", megatron_dist_path(m));
             cJSON_AddStringToObject(root, "names", megatron_naming_name(c->naming));
             cJSON_AddNumberToObject(root, "iteration", (double)c->iteration);
             cJSON_AddNumberToObject(root, "checkpoint_version", c->checkpoint_version);

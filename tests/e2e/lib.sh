@@ -214,6 +214,19 @@ judged_by_llama_cpp() {
     return 1
 }
 
+# json_keys_once FILE: FILE is JSON whose every object holds each key once
+# (Python's json keeps the last of two; cJSON and others the first).
+json_keys_once() {
+    "$PY" -c 'import json, sys
+def once(pairs):
+    keys = [k for k, _ in pairs]
+    twice = sorted(set(k for k in keys if keys.count(k) > 1))
+    if twice:
+        sys.exit("%s: keys given twice: %s" % (sys.argv[1], twice))
+    return dict(pairs)
+json.load(open(sys.argv[1]), object_pairs_hook=once)' "$1"
+}
+
 # skip_without_python MODULES WHY: unless Debian's python imports MODULES
 # ("torch, numpy"), the test says it is skipped (WHY) and ends there, exit
 # 0: skipped, never passed, and never run on without them.

@@ -12,6 +12,7 @@ expect_ok "info" "$CK" info "$WORK/a"
 check "info shows the layout" grep -q "tp=2 pp=2" "$WORK/.out"
 check "info lists a fused qkv weight" grep -q "model/layers.3.attn.qkv.weight" "$WORK/.out"
 expect_ok "info --json" "$CK" info "$WORK/a" --json
+check "info --json gives each key once" json_keys_once "$WORK/.out"
 check "info --json has tp, pp, step, model, tensors" "$PY" -c '
 import json, sys
 j = json.load(open(sys.argv[1]))

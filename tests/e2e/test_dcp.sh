@@ -52,6 +52,7 @@ check_all "info lists the other entries: an int64 tensor, a scalar, two bytes en
     'grep -Eq "^extra.ids +int64 +\[5\]" "$WORK/.out" && grep -Eq "^extra.scale +float32 +\[\]" "$WORK/.out" &&
      grep -Eq "^step +bytes" "$WORK/.out" && grep -Eq "^info +bytes" "$WORK/.out"'
 expect_ok "info --json" "$CK" info "$DATA/grid4" --json
+check "info --json gives each key once (its format was also the index's)" json_keys_once "$WORK/.out"
 check_all "info --json: format dcp, 3 tensors, no other entries" \
     '"$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); assert d[\"format\"]==\"dcp\" and len(d[\"tensors\"])==3 and d[\"others\"]==[], d" "$WORK/.out"'
 for f in cols2 grid4; do

@@ -54,6 +54,7 @@ print(len(tensors), "tensors agree")
 PYEOF
 }
 expect_ok "info --json" "$CK" info "$WORK/a" --json
+check "info --json gives each key once" json_keys_once "$WORK/.out"
 cp "$WORK/.out" "$WORK/a.json"
 expect_ok "info --json agrees with torch.load of the reference" judge "$WORK/a.json" "$WORK/a.full.pt"
 

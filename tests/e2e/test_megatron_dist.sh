@@ -50,6 +50,7 @@ check_all "info: iteration, saved layout, the optimizer read" \
 check "info lists layer 3's fused QKV under its canonical name, cut by query group" \
     grep -Eq "^layers.3.attention.qkv.weight +bf16 +\[192, 64\] +\[192, 64\] +split axis 0 granule 8 " "$WORK/.out"
 expect_ok "info --json" "$CK" info "$WORK/llama.dist" --json
+check "info --json gives each key once (its format was also the index's)" json_keys_once "$WORK/.out"
 check_all "info --json: format, names, 108 tensors (27 parameters, each with 3 states)" \
     '"$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); assert d[\"format\"]==\"megatron-torch-dist\" and d[\"names\"]==\"core\" and len(d[\"tensors\"])==108, (d[\"format\"], len(d[\"tensors\"]))" "$WORK/.out"'
 expect_ok "verify: every item's CRC-32s, every tensor read" "$CK" verify "$WORK/gpt.dist"
