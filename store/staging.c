@@ -298,6 +298,18 @@ static int check_replace(const store_staged *st)
     const store_ops *s = st->storage;
     int exists;
     TP_TRY(store_exists(s, st->path, &exists));
+    struct stat link;
+    int is_link = s->local_paths && lstat(st->path, &link) == 0 && S_ISLNK(link.st_mode);
+    char target[TP_PATH_MAX] = "";
+    if (is_link) {
+        ssize_t n = readlink(st->path, target, sizeof target - 1);
+        if (n > 0) target[n] = '\0';
+    }
+    /* A link to nothing: the output would be written whole, then not put
+     * where the link is (the final rename replaces nothing). */
+    if (!exists && is_link)
+        return tp_fail(TP_ERR_EXISTS, "%s is a symbolic link (to %s, which does not exist); an output replaces no link: "
+                       "give the path it points to", st->path, target[0] ? target : "?");
     if (!exists) return TP_OK;
     if (!st->overwrite)
         return tp_fail(TP_ERR_EXISTS, "%s already exists; refusing to replace it without --force", st->path);
@@ -307,14 +319,9 @@ static int check_replace(const store_staged *st)
         return tp_fail(TP_ERR_EXISTS, "%s already exists and this writer replaces nothing; not replaced", st->path);
     /* A replacement exchanges the entry at the path: a symbolic link would
      * go, and what it points to stay, whatever the check below saw there. */
-    struct stat link;
-    if (s->local_paths && lstat(st->path, &link) == 0 && S_ISLNK(link.st_mode)) {
-        char target[TP_PATH_MAX] = "";
-        ssize_t n = readlink(st->path, target, sizeof target - 1);
-        if (n > 0) target[n] = '\0';
+    if (is_link)
         return tp_fail(TP_ERR_EXISTS, "%s is a symbolic link (to %s); --force replaces no link: give the path it points to",
                        st->path, target[0] ? target : "?");
-    }
     return st->may_replace(s, st->path, st->ctx);
 }
 

@@ -266,6 +266,22 @@ expect_error "the target replaced while read through the link: refused" 1 "linke
 wait $reader
 check "the reader through the link finished (exit $?)" [ -d "$WORK/from-link2" ]
 
+# An output path that is a symbolic link to nothing: refused before anything
+# is written, naming the link and where it points (the output was written
+# whole, then refused as "appeared while this output was written").
+ln -s "$WORK/nowhere" "$WORK/dangling"
+for force in "" --force; do
+    expect_error "synth to a link to nothing ${force:-without --force}: refused" 1 \
+        "dangling is a symbolic link \(to .*nowhere, which does not exist\); an output replaces no link" \
+        "$CK" synth -o "$WORK/dangling" --tp 1 --pp 1 $MODEL $force
+done
+expect_error "tp-reshard to it: refused alike" 1 "dangling is a symbolic link \(to .*nowhere, which does not exist\)" \
+    "$BIN/tp-reshard" "$WORK/linked" --to tp1 -o "$WORK/dangling"
+expect_error "export to it: refused alike" 1 "dangling is a symbolic link \(to .*nowhere, which does not exist\)" \
+    "$CK" export "$WORK/linked" --format safetensors -o "$WORK/dangling"
+check_all "the link is left, nothing written, no staging left beside it" \
+    '[ -L "$WORK/dangling" ] && [ ! -e "$WORK/nowhere" ] && ! ls -a "$WORK" | grep -q "dangling\."'
+
 # What the system will not let this process read is said to be that, not
 # damage nor a missing Megatron tracker: verify said "damaged ... N pieces
 # damaged" of a shard it had no permission to open, and a directory it could
