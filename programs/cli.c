@@ -95,13 +95,20 @@ int cli_clean_up_on_signals(void)
     return 0;
 }
 
+static const char *help_command;
+
+void cli_set_help_command(const char *command)
+{
+    help_command = command;
+}
+
 void cli_usage_error(const char *program, const char *fmt, ...)
 {
     va_list args;
     va_start(args, fmt);
     fprintf(stderr, "%s: ", program);
     vfprintf(stderr, fmt, args);
-    fprintf(stderr, " (see %s --help)\n", program);
+    fprintf(stderr, " (see %s --help)\n", help_command ? help_command : program);
     va_end(args);
     exit(2);
 }
@@ -157,6 +164,14 @@ int cli_error(const char *program, const char *fmt, ...)
 
 const char *cli_rejected_option(char *const argv[])
 {
+    /* An unknown letter inside a cluster (-xj): getopt stays on that word
+     * until its last letter, so the word before it is no answer. */
+    static char letter[3];
+    const char *word = optind > 0 ? argv[optind] : NULL;
+    if (optopt > ' ' && optopt < 127 && word && word[0] == '-' && word[1] != '-' && strchr(word + 1, optopt)) {
+        snprintf(letter, sizeof letter, "-%c", optopt);
+        return letter;
+    }
     return optind > 1 ? argv[optind - 1] : "?";
 }
 

@@ -74,8 +74,12 @@ enum {
  * missing its value), for a one-line message; set opterr = 0 before parsing. */
 const char *cli_rejected_option(char *const argv[]);
 
-/* "PROGRAM: message (see PROGRAM --help)" on stderr, then exit status 2. */
+/* "PROGRAM: message (see PROGRAM --help)" on stderr, then exit status 2;
+ * after cli_set_help_command, "(see COMMAND --help)". */
 void cli_usage_error(const char *program, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+/* The command whose --help a usage error points to ("tp-ckpt diff": a
+ * subcommand's options are in its own --help, not the program's). */
+void cli_set_help_command(const char *command);
 
 /* Option values; text that is not one is a usage error naming the option
  * and what it takes. */

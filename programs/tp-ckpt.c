@@ -1497,13 +1497,18 @@ int main(int argc, char **argv)
     argv[1] = argv[0];
     argc--;
     argv++;
-    if (strcmp(command, "info") == 0) return cmd_info(argc, argv);
-    if (strcmp(command, "verify") == 0) return cmd_verify(argc, argv);
-    if (strcmp(command, "diff") == 0) return cmd_diff(argc, argv);
-    if (strcmp(command, "synth") == 0) return cmd_synth(argc, argv);
-    if (strcmp(command, "export") == 0) return cmd_export(argc, argv);
-    if (strcmp(command, "import") == 0) return cmd_import(argc, argv);
-    if (strcmp(command, "copy") == 0) return cmd_copy(argc, argv);
+    static const struct {
+        const char *name, *help;
+        int (*run)(int argc, char **argv);
+    } commands[] = {{"info", "tp-ckpt info", cmd_info},       {"verify", "tp-ckpt verify", cmd_verify},
+                    {"diff", "tp-ckpt diff", cmd_diff},       {"synth", "tp-ckpt synth", cmd_synth},
+                    {"export", "tp-ckpt export", cmd_export}, {"import", "tp-ckpt import", cmd_import},
+                    {"copy", "tp-ckpt copy", cmd_copy}};
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(command, commands[i].name) == 0) {
+            cli_set_help_command(commands[i].help); /* a usage error points to the command's own --help */
+            return commands[i].run(argc, argv);
+        }
     die_usage("unknown command '%s'", command);
     return 2;
 }

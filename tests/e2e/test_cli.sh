@@ -100,11 +100,11 @@ check "no output was written by a refused command" [ ! -e "$WORK/x" ]
 for format in safetensors gguf hdf5; do
     [ $format = gguf ] || for option in "--name my-model" "--tokenizer $WORK/hf"; do
         expect_error "export --format $format ${option%% *}" 2 \
-            "^tp-ckpt: ${option%% *} \(.*\) applies to --format gguf only, not $format \(see tp-ckpt --help\)$" \
+            "^tp-ckpt: ${option%% *} \(.*\) applies to --format gguf only, not $format \(see tp-ckpt export --help\)$" \
             "$CK" export "$WORK/ck" --format $format -o "$WORK/x" $option
     done
     [ $format = safetensors ] || expect_error "export --format $format --max-shard-size" 2 \
-        "^tp-ckpt: --max-shard-size \(.*\) applies to --format safetensors only, not $format \(see tp-ckpt --help\)$" \
+        "^tp-ckpt: --max-shard-size \(.*\) applies to --format safetensors only, not $format \(see tp-ckpt export --help\)$" \
         "$CK" export "$WORK/ck" --format $format -o "$WORK/x" --max-shard-size 1G
     expect_error "export --format $format --true-vocab-size of this toolkit's checkpoint" 2 \
         "^tp-ckpt: --true-vocab-size applies to a Megatron checkpoint \(legacy or torch_dist\), not to .*ck \(tp-toolkit\)" \
@@ -120,6 +120,22 @@ expect_error "tp-reshard --true-vocab-size of a PyTorch distributed checkpoint" 
     "^tp-reshard: --true-vocab-size applies to a Megatron source \(legacy or torch_dist\), not to .*dcp/cols2 \(PyTorch distributed checkpoint\)" \
     "$BIN/tp-reshard" "$ROOT/tests/data/dcp/cols2" --to tp1 -o "$WORK/x" --true-vocab-size 200
 check "nothing written for it" [ ! -e "$WORK/x" ]
+
+# ------------------------------------------------------- rejected options
+# A usage error of a tp-ckpt command points to that command's --help (its
+# options are there, not in the program's), and names the option rejected:
+# an unknown letter inside a cluster was '?'.
+for command in info verify diff synth export import copy; do
+    expect_error "tp-ckpt $command --bogus: the command's own --help" 2 \
+        "^tp-ckpt: $command: unknown option or missing value: '--bogus' \(see tp-ckpt $command --help\)$" \
+        "$CK" $command --bogus
+    expect_ok "tp-ckpt $command --help works" "$CK" $command --help
+done
+expect_error "an unknown letter inside a cluster is named" 2 "^tp-ckpt: info: unknown option or missing value: '-x' " \
+    "$CK" info -xj "$WORK/ck"
+expect_error "a missing value is named" 2 "^tp-ckpt: diff: unknown option or missing value: '--tol' " "$CK" diff --tol
+expect_error "an unknown command points to the program's --help" 2 "^tp-ckpt: unknown command 'frob' \(see tp-ckpt --help\)$" \
+    "$CK" frob
 
 # ---------------------------------------------------------- empty paths
 # Each exited 1 ("path '' is empty or too long", or a missing file).
