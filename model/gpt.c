@@ -200,7 +200,10 @@ int gpt_options_set(gpt_options *o, const char *name, const char *value)
         return TP_OK;
     }
     if (strcmp(name, "tied-embeddings") == 0 || strcmp(name, "untied-embeddings") == 0) {
-        o->embeddings_given = name[0] == 't' ? 1 : 2;
+        int given = name[0] == 't' ? 1 : 2;
+        if (o->embeddings_given && o->embeddings_given != given)
+            return tp_fail(TP_ERR_ARG, "--tied-embeddings and --untied-embeddings contradict each other: give one");
+        o->embeddings_given = given;
         return TP_OK;
     }
     if (strcmp(name, "rope-scaling") == 0) return parse_rope_scaling(value, c);

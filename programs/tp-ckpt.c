@@ -877,6 +877,19 @@ static int cmd_diff(int argc, char **argv)
     if (sa->step != sb->step)
         printf("note: steps differ (%lld vs %lld)\n", (long long)sa->step, (long long)sb->step);
     if (strcmp(sa->model_json, sb->model_json) != 0) printf("note: model configurations differ\n");
+    /* Values are compared as fp32: a bf16 tensor equals its fp32 widening, so
+     * that "bit-exact" would not say that the stored dtypes differ. */
+    int other_dtypes = 0, first_other = -1;
+    for (int i = 0; i < n; i++)
+        if (ckpt_reader_tensor(a, diffs[i].a)->dtype != ckpt_reader_tensor(b, diffs[i].b)->dtype) {
+            if (first_other < 0) first_other = i;
+            other_dtypes++;
+        }
+    if (other_dtypes)
+        printf("note: %d tensors stored in other dtypes (%s: %s in A, %s in B), compared as fp32 values\n", other_dtypes,
+               ckpt_reader_tensor(a, diffs[first_other].a)->name,
+               tp_dtype_name(ckpt_reader_tensor(a, diffs[first_other].a)->dtype),
+               tp_dtype_name(ckpt_reader_tensor(b, diffs[first_other].b)->dtype));
     diff_job job = {a, b, diffs, rtol, atol};
     parallel_for(n, (int)threads, diff_one, &job);
     qsort(diffs, (size_t)n, sizeof *diffs, worse_first);

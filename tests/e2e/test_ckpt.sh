@@ -89,6 +89,15 @@ check "both zeros shown by their bits" grep -q "A 0 (0x00000000) fp32, B -0 (0x8
 expect_ok "with a tolerance they are equal" "$CK" diff "$WORK/v_pz" "$WORK/v_nz" --atol 1e-30
 check "within tolerance" grep -q "within tolerance" "$WORK/.out"
 expect_ok "1 against the original value within --tol 10" "$CK" diff "$WORK/v_one" "$WORK/v" --tol 10
+# Another stored dtype is said: bf16 widened to fp32 is bit-exact as values.
+expect_ok "synth bf16" "$CK" synth -o "$WORK/vb" --tp 1 --pp 1 --layers 1 --dim 32 --heads 2 --vocab 64 --seq 16 --dtype bf16
+expect_ok "resharded to fp32 at tp2" "$BIN/tp-reshard" "$WORK/vb" --to tp2 --dtype fp32 -o "$WORK/vb32"
+expect_ok "diff: equal as values" "$CK" diff "$WORK/vb" "$WORK/vb32"
+check_all "and it says the dtypes differ" \
+    'grep -q "^note: 16 tensors stored in other dtypes (model/tok_embed.weight: bf16 in A, fp32 in B), compared as fp32 values$" "$WORK/.out" &&
+     grep -q "^equal: 16 tensors, .*, bit-exact$" "$WORK/.out"'
+expect_ok "diff of the same dtypes" "$CK" diff "$WORK/vb" "$WORK/vb"
+check "says nothing of dtypes" sh -c '! grep -q "other dtypes" "$1"' sh "$WORK/.out"
 
 # ------------------------------------------------------ one flipped byte
 cp -r "$WORK/a" "$WORK/damaged"

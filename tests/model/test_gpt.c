@@ -77,6 +77,15 @@ Test(options, the_same_bounds_for_every_program)
         cr_assert(strstr(tp_errmsg(), refused[i].says), "--%s %s: '%s' does not say '%s'", refused[i].name,
                   refused[i].value, tp_errmsg(), refused[i].says);
     }
+    /* Contradicting flags: the last one won. Repeating one is no contradiction. */
+    for (int order = 0; order < 2; order++) {
+        gpt_options flags = {0};
+        cr_assert_eq(gpt_options_set(&flags, order ? "untied-embeddings" : "tied-embeddings", NULL), TP_OK);
+        cr_assert_eq(gpt_options_set(&flags, order ? "untied-embeddings" : "tied-embeddings", NULL), TP_OK);
+        cr_assert_eq(gpt_options_set(&flags, order ? "tied-embeddings" : "untied-embeddings", NULL), TP_ERR_ARG);
+        cr_assert(strstr(tp_errmsg(), "--tied-embeddings and --untied-embeddings contradict each other"), "%s",
+                  tp_errmsg());
+    }
     gpt_options o = {0};
     cr_assert_eq(gpt_options_set(&o, "layers", "2"), TP_OK);
     gpt_config c;
