@@ -299,7 +299,21 @@ int cli_foreign_checkpoint(const char *path, const char *target, cli_foreign *ou
     memset(out, 0, sizeof *out);
     const checkpoint_format *format;
     TP_TRY(formats_detect(path, &format));
-    if (!strcmp(format->name, "tp")) return TP_OK;
+    if (!strcmp(format->name, "tp")) {
+        /* No other tool's checkpoint: a Hugging Face model directory (what
+         * tp-ckpt import reads) is named, not left to be "not a checkpoint". */
+        char config[CKPT_PATH_MAX + 32], single[CKPT_PATH_MAX + 32], sharded[CKPT_PATH_MAX + 48];
+        snprintf(config, sizeof config, "%s/config.json", path);
+        snprintf(single, sizeof single, "%s/model.safetensors", path);
+        snprintf(sharded, sizeof sharded, "%s/model.safetensors.index.json", path);
+        if (store_is_remote(path) || access(config, F_OK) || (access(single, F_OK) && access(sharded, F_OK)))
+            return TP_OK;
+        snprintf(out->what, sizeof out->what, "a Hugging Face model directory (config.json, safetensors)");
+        snprintf(out->convert, sizeof out->convert, "tp-ckpt import %s -o %s --tp T --pp P", path, target);
+        out->step = "step, 0 for a model imported from Hugging Face";
+        out->doc = " (docs/EXPORT.md \"Import\")";
+        return TP_OK;
+    }
     char above[CKPT_PATH_MAX], base[CKPT_NAME_MAX + 1] = ""; /* "iter_0000010/" is iter_0000010 */
     tp_split_path(path, above, sizeof above, base, sizeof base);
     int megatron = !strcmp(format->name, "megatron"), dist = !strcmp(format->name, "torch_dist");

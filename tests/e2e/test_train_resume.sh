@@ -136,6 +136,21 @@ tpTppP --format tp -o CKPT, then give --ckpt CKPT \(docs/DCP.md\)" "$TRAIN" eval
 expect_error "generate from a Megatron-LM checkpoint" 2 "^tp-train: --ckpt .*/meg is a Megatron-LM checkpoint \
 \(latest_checkpointed_iteration.txt\), which tp-train generate reads .*: tp-ckpt import .*/meg -o CKPT --tp T --pp P" \
     "$TRAIN" generate --ckpt "$WORK/meg" --prompt hello
+# A Hugging Face model directory (config.json and safetensors) was "not a
+# checkpoint: no index.json": it is named, with tp-ckpt import, which makes
+# the checkpoint eval then reads.
+expect_ok "a Hugging Face export of a trained checkpoint" "$BIN/tp-ckpt" export "$WORK/relayout/step_00000010" \
+    --format safetensors -o "$WORK/hf"
+expect_error "eval of a Hugging Face directory: what it is and how to import it" 2 "^tp-train: --ckpt .*/hf is a Hugging \
+Face model directory \(config.json, safetensors\), which tp-train eval reads once converted into this toolkit's format: \
+tp-ckpt import .*/hf -o CKPT --tp T --pp P, then give --ckpt CKPT \(docs/EXPORT.md \"Import\"\)" \
+    "$TRAIN" eval --ckpt "$WORK/hf" --data "$WORK/tokens.bin"
+expect_error "--ckpt-dir a Hugging Face directory alike" 2 "^tp-train: --ckpt-dir .*/hf is a Hugging Face model \
+directory .*tp-ckpt import .*/hf -o RUN/step_N --tp T --pp P, N its step, 0 for a model imported from Hugging Face" \
+    "$TRAIN" $TINY --steps 12 --ckpt-dir "$WORK/hf" --resume
+expect_ok "imported as it says" "$BIN/tp-ckpt" import "$WORK/hf" -o "$WORK/hf.ck" --tp 1 --pp 1
+expect_ok "eval reads the import" "$TRAIN" eval --ckpt "$WORK/hf.ck" --data "$WORK/tokens.bin" --windows 2
+check "gives a loss" grep -q "^loss " "$WORK/.out"
 run mpi_train 2 eval --ckpt "$WORK/dist" --data "$WORK/tokens.bin" --tp 2
 check_all "eval of a torch_dist checkpoint under mpirun: exit 2, rank 0 alone says it (exit $RC)" \
     '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: --ckpt" "$WORK/.err")" -eq 1 ] && grep -Eq \
