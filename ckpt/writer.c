@@ -59,6 +59,12 @@ struct ckpt_writer {
     int num_tensors, capacity;
     ckpt_name_map names;
     pthread_mutex_t lock; /* bookkeeping of blocks written */
+    /* The bytes of the pieces this writer writes, as declared; before the
+     * first is written, uncompressed, the file system's room for them is
+     * checked once (room_checked; room_status its verdict). */
+    int64_t declared_bytes;
+    int room_checked, room_status;
+    char room_message[2 * CKPT_PATH_MAX + 128];
 };
 
 /* Shard files made durable at once, at most. */
@@ -359,6 +365,7 @@ static int add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int here, 
         if (ps->shard >= 0) {
             status = create_piece(w, ts, p, ps);
             if (status) return status;
+            w->declared_bytes += ps->geometry.rows * ps->geometry.row_bytes;
         }
     }
     *id_out = w->num_tensors - 1;
@@ -473,6 +480,17 @@ int ckpt_writer_put_rows(ckpt_writer *w, int id, int piece, int64_t row_start, i
     int64_t first = row_start / g->block_rows;
     int64_t count = (row_count + g->block_rows - 1) / g->block_rows;
     pthread_mutex_lock(&w->lock);
+    /* The writers declare every tensor before the first rows: an output
+     * that cannot fit is refused before its data is written, not at the
+     * disk's end (compressed, its size is not known). */
+    if (!w->room_checked) {
+        w->room_checked = 1;
+        char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX]; /* the staging directory's, named as the output's */
+        if (w->options.compress_level == 0 && tp_split_path(w->path, parent, sizeof parent, base, sizeof base) == TP_OK)
+            w->room_status = store_check_room(w->storage, parent, w->declared_bytes);
+        if (w->room_status) snprintf(w->room_message, sizeof w->room_message, "%s: %s", w->path, tp_errmsg());
+    }
+    if (w->room_status) status = tp_fail(w->room_status, "%s", w->room_message); /* each thread's own message */
     for (int64_t b = first; b < first + count && !status; b++)
         if (ps->block_done[b])
             status = tp_fail(TP_ERR_STATE, "tensor %s piece %d: rows from %lld written twice",

@@ -1023,7 +1023,8 @@ int dcp_write(ckpt_reader *source, const dcp_write_options *options, const char 
 {
     dcp_write_plan plan;
     TP_TRY(dcp_write_plan_create(source, options, &plan)); /* refused before anything is staged */
-    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = dcp_may_replace};
+    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = dcp_may_replace,
+                                 .bytes = plan.bytes};
     store_staged *staged = NULL;
     TP_TRY(store_stage(NULL, out, &stage, &staged));
     int status = dcp_write_into(source, options, store_staged_path(staged), result);

@@ -370,18 +370,22 @@ static int by_name(const void *a, const void *b)
     return strcmp((*x)->spec->name, (*y)->spec->name);
 }
 
+/* The tensor bytes of the output (its files add their headers). */
+static int64_t exported_bytes(const exporter *x)
+{
+    int64_t total = 0;
+    for (int i = 0; i < x->count; i++) total += x->tensors[i].bytes;
+    return total;
+}
+
 static int write_safetensors_index(exporter *x)
 {
     const out_tensor **sorted = malloc((size_t)x->count * sizeof *sorted);
     if (!sorted) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    int64_t total = 0;
-    for (int i = 0; i < x->count; i++) {
-        sorted[i] = &x->tensors[i];
-        total += x->tensors[i].bytes;
-    }
+    for (int i = 0; i < x->count; i++) sorted[i] = &x->tensors[i];
     qsort(sorted, (size_t)x->count, sizeof *sorted, by_name);
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddNumberToObject(cJSON_AddObjectToObject(root, "metadata"), "total_size", (double)total);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(root, "metadata"), "total_size", (double)exported_bytes(x));
     cJSON *map = cJSON_AddObjectToObject(root, "weight_map");
     for (int i = 0; i < x->count; i++) cJSON_AddStringToObject(map, sorted[i]->spec->name, x->file_names[sorted[i]->file]);
     free(sorted);
@@ -628,7 +632,8 @@ int export_may_replace(const store_ops *s, const char *path, void *ctx)
 
 static int layout_hdf5(exporter *x, const char *out_path)
 {
-    store_stage_options stage = {.overwrite = x->o->overwrite, .may_replace = export_may_replace, .ctx = (void *)x->o};
+    store_stage_options stage = {.overwrite = x->o->overwrite, .may_replace = export_may_replace, .ctx = (void *)x->o,
+                                 .bytes = exported_bytes(x)};
     int status = ckpt_flat_create(&x->flat, out_path, &stage);
     if (status) return status;
     for (int i = 0; i < x->count && !status; i++) {
@@ -782,8 +787,7 @@ int export_output_bytes(ckpt_reader *source, const export_tensor *tensors, int c
     x.source = source;
     x.o = options;
     int status = plan_tensors(&x, tensors, count);
-    *bytes = 0;
-    for (int i = 0; !status && i < count; i++) *bytes += x.tensors[i].bytes;
+    *bytes = status ? 0 : exported_bytes(&x);
     free_exporter(&x);
     return status;
 }
@@ -804,7 +808,8 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
         store_stage_options stage = {.directory = options->format == EXPORT_SAFETENSORS,
                                     .overwrite = options->overwrite,
                                     .may_replace = export_may_replace,
-                                    .ctx = (void *)x.o};
+                                    .ctx = (void *)x.o,
+                                    .bytes = exported_bytes(&x)};
         status = store_stage(x.storage, out_path, &stage, &x.staged);
         if (!status) {
             snprintf(x.staging, sizeof x.staging, "%s", store_staged_path(x.staged));
@@ -841,7 +846,7 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
         memset(summary, 0, sizeof *summary);
         summary->tensors = count;
         summary->files = options->format == EXPORT_SAFETENSORS ? x.num_files : 1;
-        for (int i = 0; i < count; i++) summary->tensor_bytes += x.tensors[i].bytes;
+        summary->tensor_bytes = exported_bytes(&x);
         summary->buffer_memory = (int64_t)x.threads * x.buffer_bytes;
         summary->threads = x.threads;
     }

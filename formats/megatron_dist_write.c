@@ -137,7 +137,8 @@ static int regroup_qkv(void *ctx, int tensor, void *whole, void *scratch, int64_
 static int fill_padding(void *ctx, int tensor, int tp, int piece, int64_t row0, int64_t count, void *rows)
 {
     dist_writer *w = ctx;
-    return megatron_fill_vocabulary_padding(w->source, tensor, tp, piece, row0, count, rows);
+    /* A torch_dist source's reader leaves its padding out (zeros), a legacy one's holds it. */
+    return megatron_fill_vocabulary_padding(w->source, w->o->dist == NULL, tensor, tp, piece, row0, count, rows);
 }
 
 /* ------------------------------------------------------ the bytes entries */
@@ -588,7 +589,8 @@ int megatron_dist_write(ckpt_reader *source, const megatron_dist_write_options *
         return status;
     }
     if (result) *result = plan;
-    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = megatron_dist_may_replace};
+    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = megatron_dist_may_replace,
+                                 .bytes = plan.bytes};
     store_staged *staged = NULL;
     status = store_stage(NULL, out, &stage, &staged);
     if (status) {

@@ -147,10 +147,12 @@ const char *megatron_layer_extra_module(megatron_naming naming, int i);
  * piece at degree tp of source's tensor index, as Megatron's saver re-pads
  * a table (docs/MEGATRON.md section 9): the source's stored rows where it
  * has them (a larger table is cut), its last stored row repeated beyond (a
- * smaller one is extended); nothing for this format's sources (their
- * padding is zero) and tensors without padding. buf holds those rows. */
-int megatron_fill_vocabulary_padding(ckpt_reader *source, int index, int tp, int piece, int64_t row0, int64_t count,
-                                     void *buf);
+ * smaller one is extended); nothing (zeros) for this format's sources,
+ * tensors without padding, and a source whose reader leaves its stored
+ * padding out (!stored_padding: a torch_dist checkpoint, read as whole
+ * tensors: its last row read would be a token's). buf holds those rows. */
+int megatron_fill_vocabulary_padding(ckpt_reader *source, int stored_padding, int index, int tp, int piece, int64_t row0,
+                                     int64_t count, void *buf);
 
 /* ------------------------------------------------- modules and buffers
  * (megatron_modules.c) */

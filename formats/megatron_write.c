@@ -51,6 +51,7 @@ typedef struct {
     void (*on_bytes)(void *ctx, int64_t bytes);
     void *progress_ctx;
     int carry_rank_state; /* the layout is the template's: each rank's RNG state goes along */
+    int stored_padding;   /* the source's reader holds its stored vocabulary padding (not a torch_dist source's) */
     /* The tensors emitted into the pickle, in order: their bytes are
      * written after it (source tensor and piece; index -1: a tensor of the
      * template's rank file, raw, or empty). */
@@ -152,13 +153,13 @@ static int emit_tensor(rank_writer *r, int index, int qkv)
     return torch_writer_tensor(r->w, torch_dtype_from_tp(t->dtype), t->ndim, shape);
 }
 
-int megatron_fill_vocabulary_padding(ckpt_reader *source, int index, int tp, int piece, int64_t row0, int64_t count,
-                                     void *buf)
+int megatron_fill_vocabulary_padding(ckpt_reader *source, int stored_padding, int index, int tp, int piece, int64_t row0,
+                                     int64_t count, void *buf)
 {
     const ckpt_tensor_desc *t = ckpt_reader_tensor(source, index);
     /* This format's padding is zero, as reshard_read_piece leaves it. */
-    if (!ckpt_reader_is_foreign(source) || t->partition.kind != CKPT_SPLIT || t->partition.pad_multiple <= 0 ||
-        t->partition.axis != 0)
+    if (!stored_padding || !ckpt_reader_is_foreign(source) || t->partition.kind != CKPT_SPLIT ||
+        t->partition.pad_multiple <= 0 || t->partition.axis != 0)
         return TP_OK;
     int source_tp = ckpt_reader_layout(source)->tp;
     int64_t source_rows[CKPT_MAX_DIMS], target_rows[CKPT_MAX_DIMS];
@@ -177,7 +178,7 @@ int megatron_fill_vocabulary_padding(ckpt_reader *source, int index, int tp, int
 
 static int fill_vocabulary_padding(rank_writer *r, int index, int piece, int64_t row0, int64_t count, void *buf)
 {
-    return megatron_fill_vocabulary_padding(r->source, index, r->to.tp, piece, row0, count, buf);
+    return megatron_fill_vocabulary_padding(r->source, r->stored_padding, index, r->to.tp, piece, row0, count, buf);
 }
 
 /* Room for bytes in r->piece (and in r->scratch with it when scratch). */
@@ -1171,12 +1172,14 @@ int megatron_write(ckpt_reader *source, const megatron_checkpoint *template, con
     r.to.tp = plan.tp;
     r.to.pp = plan.pp;
     r.carry_rank_state = r.to.tp == c->tp && r.to.pp == c->pp;
+    r.stored_padding = options->dist == NULL;
     r.args = carried_args(template, options, &r.args_file, &r.state);
     r.copy_budget = COPY_BUDGET + (template        ? megatron_bytes(template)
                                    : options->dist ? dcp_bytes(megatron_dist_dcp(options->dist))
                                                    : 0);
     r.naming = options->naming >= 0 ? (megatron_naming)options->naming : c->naming;
-    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = megatron_may_replace};
+    store_stage_options stage = {.directory = 1, .overwrite = options->overwrite, .may_replace = megatron_may_replace,
+                                 .bytes = plan.bytes};
     store_staged *staged;
     TP_TRY(store_stage(NULL, out, &stage, &staged));
     const char *root = store_staged_path(staged);

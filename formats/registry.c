@@ -144,13 +144,14 @@ int formats_source_open(const char *path, const checkpoint_format *format, const
     formats_source_options defaults = {0};
     if (!options) options = &defaults;
     if (!format) TP_TRY(formats_detect(path, &format));
-    if (options->true_vocab && !format->pads_vocabulary)
-        return tp_fail(TP_ERR_ARG, "%s: a true vocabulary size applies to a Megatron checkpoint (Megatron-LM legacy or "
-                       "Megatron-Core torch_dist), not to a %s checkpoint", path, format->title);
     formats_source *s = calloc(1, sizeof *s);
     if (!s) return tp_fail(TP_ERR_NOMEM, "out of memory");
     s->format = format;
     int status = format->open(path, options, s);
+    /* Refused once open, so that a path that is no checkpoint says that. */
+    if (!status && options->true_vocab && !format->pads_vocabulary)
+        status = tp_fail(TP_ERR_ARG, "%s: a true vocabulary size applies to a Megatron checkpoint (Megatron-LM legacy or "
+                         "Megatron-Core torch_dist), not to this one (%s)", path, format->title);
     /* This toolkit's (the fallback, the one format without a detect) is named by
      * the step it read, a run directory's latest; another tool's as given. */
     if (!status && !(s->name = strdup(format->detect || !s->reader ? path : ckpt_reader_path(s->reader))))

@@ -162,6 +162,14 @@ int cli_error(const char *program, const char *fmt, ...)
     return 1;
 }
 
+int cli_surely_missing(const char *path)
+{
+    const store_ops *store;
+    int exists = 1;
+    if (store_for(path, &store) == TP_OK && store_exists(store, path, &exists) != TP_OK) exists = 1;
+    return !exists;
+}
+
 const char *cli_rejected_option(char *const argv[])
 {
     /* An unknown letter inside a cluster (-xj): getopt stays on that word

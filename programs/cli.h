@@ -70,6 +70,11 @@ enum {
     "           [--dtype fp32|bf16|fp16]; Llama: [--tied-embeddings|--untied-embeddings (untied)]\n"                  \
     "           [--norm-eps E (1e-5)] [--rope-theta T (10000)] [--rope-scaling FACTOR[,LOW,HIGH,ORIGINAL] (Llama 3)]\n"
 
+/* Whether path surely names nothing (a store that answered so): an option
+ * that a missing checkpoint's format would refuse is then left to the
+ * open's "no such checkpoint", not refused naming the fallback format. */
+int cli_surely_missing(const char *path);
+
 /* The command-line word getopt just rejected (an unknown option, or one
  * missing its value), for a one-line message; set opterr = 0 before parsing. */
 const char *cli_rejected_option(char *const argv[]);

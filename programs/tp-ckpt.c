@@ -1166,7 +1166,7 @@ static int cmd_export(int argc, char **argv)
     int code = 0;
     const checkpoint_format *source_format = detect_or_fail(argv[optind], &code);
     if (!source_format) return code;
-    if (true_vocab && !source_format->pads_vocabulary)
+    if (true_vocab && !source_format->pads_vocabulary && !cli_surely_missing(argv[optind]))
         die_usage("--true-vocab-size applies to a Megatron checkpoint (legacy or torch_dist), not to %s (%s)", argv[optind],
                   source_format->title);
     ckpt_read_options read;
@@ -1375,7 +1375,7 @@ static int cmd_import(int argc, char **argv)
     if (megatron && shape_given)
         die_usage("--dtype and --vocab-pad-multiple apply to a Hugging Face directory (a Megatron checkpoint keeps "
                   "its dtype and padding)");
-    if (!format->pads_vocabulary && true_vocab)
+    if (!format->pads_vocabulary && true_vocab && !cli_surely_missing(dir))
         die_usage("--true-vocab-size applies to a Megatron checkpoint (legacy or torch_dist), not to %s (%s)", dir,
                   strcmp(format->name, "tp") ? format->title : "a Hugging Face directory");
     if (megatron) return import_megatron(dir, format, out, request.tp, request.pp, true_vocab, &options, force_progress);

@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "../common/error.h"
+#include "../common/parse.h"
 #include "../common/path.h"
 #include "store.h"
 
@@ -18,6 +20,19 @@ int store_exists(const store_ops *storage, const char *path, int *exists)
     TP_TRY(storage->stat(storage, path, &st));
     *exists = st.exists;
     return TP_OK;
+}
+
+int store_check_room(const store_ops *storage, const char *dir, int64_t bytes)
+{
+    struct statvfs fs;
+    if (!storage->local_paths || bytes <= 0 || statvfs(dir, &fs) != 0 || fs.f_blocks == 0) return TP_OK;
+    uint64_t room = (uint64_t)fs.f_bavail * (uint64_t)fs.f_frsize;
+    if ((uint64_t)bytes <= room) return TP_OK;
+    char need[32], have[32];
+    format_bytes((double)bytes, need, sizeof need);
+    format_bytes((double)room, have, sizeof have);
+    return tp_fail(TP_ERR_IO, "needs %s (%lld bytes), and the file system of %s has %s free: nothing was written",
+                   need, (long long)bytes, dir, have);
 }
 
 int store_write_file_atomic(const store_ops *storage, const char *dir, const char *name, const char *data,

@@ -387,6 +387,10 @@ int store_stage(const store_ops *storage, const char *path, const store_stage_op
     if (!st.exists)
         return tp_fail(TP_ERR_NOT_FOUND, "%s: parent directory %s does not exist", path, parent);
     if (!st.is_dir) return tp_fail(TP_ERR_NOT_FOUND, "%s: %s is a file, not a directory", path, parent);
+    if (options->bytes > 0) {
+        int status = store_check_room(storage, parent, options->bytes);
+        if (status) return tp_fail_context(status, "%s", path);
+    }
     store_staged *s = calloc(1, sizeof *s);
     if (!s) return tp_fail(TP_ERR_NOMEM, "out of memory");
     s->storage = storage;

@@ -38,6 +38,10 @@ typedef struct {
      * there to finish (0: refused at once, as a user's --force is; a
      * trainer saving a step again waits rather than fail the run). */
     double wait_for_readers;
+    /* The bytes the output will take, when known (0: not known): refused at
+     * once where the local file system of its parent has less room
+     * (store_check_room). */
+    int64_t bytes;
 } store_stage_options;
 
 /* Checks that path may be written (its parent exists; what is there only

@@ -175,6 +175,14 @@ int store_file_pin(const store_ops *storage, store_file *file, const char *versi
  * path: a store that could not be asked is never taken for one that said
  * "not there". */
 int store_exists(const store_ops *storage, const char *path, int *exists);
+/* Whether the file system holding dir (an existing directory) has room for
+ * bytes more: TP_OK, or TP_ERR_IO ("needs ..., and the file system of DIR
+ * has ... free", for the caller to prefix with its output) naming what is
+ * needed and what is free (what an unprivileged writer may take), so that an output that cannot fit
+ * is refused before it is written rather than at the disk's end. Stores
+ * other than the local disk, and file systems that report no size, are
+ * not judged. */
+int store_check_room(const store_ops *storage, const char *dir, int64_t bytes);
 /* Writes a small file atomically: temp file, sync, rename, sync of the directory. */
 int store_write_file_atomic(const store_ops *storage, const char *dir, const char *name, const char *data,
                             size_t size);

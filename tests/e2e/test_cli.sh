@@ -120,6 +120,11 @@ expect_error "tp-reshard --true-vocab-size of a PyTorch distributed checkpoint" 
     "^tp-reshard: --true-vocab-size applies to a Megatron source \(legacy or torch_dist\), not to .*dcp/cols2 \(PyTorch distributed checkpoint\)" \
     "$BIN/tp-reshard" "$ROOT/tests/data/dcp/cols2" --to tp1 -o "$WORK/x" --true-vocab-size 200
 check "nothing written for it" [ ! -e "$WORK/x" ]
+for program in "$CK export" "$BIN/tp-reshard"; do
+    case $program in *export) args="--format gguf" ;; *) args="--to tp1" ;; esac
+    expect_error "${program##*/} --true-vocab-size of a mistyped path: no such checkpoint, not 'applies to'" 1 \
+        "nothere: no such checkpoint" $program "$WORK/nothere" $args -o "$WORK/x" --true-vocab-size 200
+done
 
 # ------------------------------------------------------- rejected options
 # A usage error of a tp-ckpt command points to that command's --help (its

@@ -169,6 +169,25 @@ for source in gpt.dist do.dp_reshardable do.fully_reshardable do.fully_sharded_m
         -o "$WORK/$source.true" --verify
     expect_ok "$source: equal to the legacy checkpoint's, bit for bit" "$CK" diff "$WORK/gpt.true" "$WORK/$source.true"
 done
+# 32 tokens, a multiple of make_vocab_size_divisible_by 16, in 64 rows at
+# tp4: a torch_dist output padded from a torch_dist source has zero padding
+# rows, as its reader leaves the stored padding out (they were token 31's
+# row repeated: the last row read at 32 rows is a token's).
+expect_ok "torch_dist fixture: 32 tokens in 64 rows at tp4" "$PY" "$DIST" "$WORK/v32.dist" --layers 2 --hidden 64 \
+    --heads 8 --ffn 128 --vocab 32 --make-vocab-size-divisible-by 16 --names core --tp 4 --optimizer
+expect_ok "torch_dist at tp4 again with --true-vocab-size 32, verified" "$RS" "$WORK/v32.dist" --to tp4 \
+    --true-vocab-size 32 -o "$WORK/v32.td" --verify
+for out in v32.dist v32.td; do
+    expect_ok "$out as one HDF5 file" "$CK" export "$WORK/$out" --format hdf5 -o "$WORK/$out.h5"
+done
+expect_ok "the tokens' rows kept, the padding rows zero (the source's were not)" "$PY" -c 'import sys, h5py, numpy as np
+a = np.asarray(h5py.File(sys.argv[1])["embedding.word_embeddings.weight"][()])
+b = np.asarray(h5py.File(sys.argv[2])["embedding.word_embeddings.weight"][()])
+assert a.shape == b.shape == (64, 64), (a.shape, b.shape)
+assert (a[:32] == b[:32]).all(), "the tokens rows differ"
+assert a[32:].any(), "the source has no padding values to tell apart"
+assert not b[32:].any(), "padding rows %s are not zero" % sorted(set(np.nonzero(b[32:])[0] + 32))[:8]' \
+    "$WORK/v32.dist.h5" "$WORK/v32.td.h5"
 expect_ok "info --json" "$CK" info "$WORK/do.dp_reshardable" --json
 check_all "info --json: the layout read, 208 tensors" \
     '"$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); assert d[\"optimizer_layout\"]==\"dp_reshardable\" and len(d[\"tensors\"])==208, d.get(\"optimizer_layout\")" "$WORK/.out"'

@@ -243,16 +243,25 @@ check "concurrent commits: no temporary file of latest left" sh -c "! ls -A '$WO
 
 # ---------------------------------------------------------------- full disk
 # A small tmpfs (when this test may mount one) gives ENOSPC; a file-size limit
-# (RLIMIT_FSIZE, with SIGXFSZ ignored) gives EFBIG anywhere.
+# (RLIMIT_FSIZE, with SIGXFSZ ignored) gives EFBIG anywhere. An uncompressed
+# output that cannot fit is refused before it is written (test_room); a
+# compressed one, whose size is not known, meets the disk's end (ENOSPC).
 mkdir -p "$FULL"
 if mount -t tmpfs -o size=3m tmpfs "$FULL" 2>/dev/null; then
     MOUNTED=1
     echo keep >"$FULL/keep.txt"
-    expect_error "synth on a full disk" 1 "No space left" "$CK" synth -o "$FULL/c" --tp 2 --pp 1 $MODEL
-    expect_error "reshard on a full disk" 1 "No space left" "$RS" "$WORK/src" --to tp4 -o "$FULL/c"
-    expect_error "export (HDF5) on a full disk" 1 "No space left" "$CK" export "$WORK/src" --format hdf5 -o "$FULL/c.h5"
-    expect_error "export (GGUF) on a full disk" 1 "No space left" "$CK" export "$WORK/src" --format gguf -o "$FULL/c.gguf"
-    expect_error "import on a full disk" 1 "No space left" "$CK" import "$WORK/st-src" -o "$FULL/c" --tp 2 --pp 1
+    expect_error "synth on a full disk (compressed)" 1 "No space left" "$CK" synth -o "$FULL/c" --tp 2 --pp 1 $MODEL \
+        --compress zstd:1
+    expect_error "reshard on a full disk (compressed)" 1 "No space left" "$RS" "$WORK/src" --to tp4 -o "$FULL/c" \
+        --compress zstd:1
+    expect_error "import on a full disk (compressed)" 1 "No space left" "$CK" import "$WORK/st-src" -o "$FULL/c" --tp 2 \
+        --pp 1 --compress zstd:1
+    expect_error "synth uncompressed: refused before writing" 1 "c: needs .* MiB .* free: nothing was written" "$CK" synth \
+        -o "$FULL/c" --tp 2 --pp 1 $MODEL
+    expect_error "export (HDF5): refused before writing" 1 "c.h5: needs .* free: nothing was written" "$CK" export \
+        "$WORK/src" --format hdf5 -o "$FULL/c.h5"
+    expect_error "export (GGUF): refused before writing" 1 "c.gguf: needs .* free: nothing was written" "$CK" export \
+        "$WORK/src" --format gguf -o "$FULL/c.gguf"
     check "full disk: nothing left behind, what was there kept" \
         sh -c "[ \"\$(ls -A '$FULL')\" = keep.txt ] && [ \"\$(cat '$FULL/keep.txt')\" = keep ]"
     # Training: the first save fits, the second does not. The run stops with

@@ -64,6 +64,33 @@ Test(registry, a_dcp_checkpoint_is_detected_and_opened)
     formats_source_close(s);
 }
 
+/* A true vocabulary is Megatron's formats' alone: another format's source
+ * is refused once open (a path that is nothing says that instead). */
+Test(registry, a_true_vocabulary_is_taken_by_megatrons_formats_alone)
+{
+    cr_assert(formats_find("megatron")->pads_vocabulary && formats_find("torch_dist")->pads_vocabulary);
+    cr_assert(!formats_find("dcp")->pads_vocabulary && !formats_find("tp")->pads_vocabulary);
+    formats_source_options told = {.true_vocab = 30};
+    formats_source *s = NULL;
+    cr_assert_eq(formats_source_open("tests/data/dcp/cols2", NULL, &told, &s), TP_ERR_ARG);
+    cr_assert_null(s);
+    cr_assert(strstr(tp_errmsg(), "cols2: a true vocabulary size applies to a Megatron checkpoint (Megatron-LM legacy or "
+                                  "Megatron-Core torch_dist), not to this one (PyTorch distributed checkpoint)"),
+              "%s", tp_errmsg());
+    char missing[600];
+    snprintf(missing, sizeof missing, "%s/nothing", dir);
+    cr_assert_neq(formats_source_open(missing, NULL, &told, &s), TP_OK);
+    cr_assert(strstr(tp_errmsg(), "no such checkpoint"), "%s", tp_errmsg());
+    /* The torch_dist fixture: 30 tokens in 32 rows. */
+    cr_assert_eq(formats_source_open("tests/data/megatron-dist/dp_reshardable", NULL, &told, &s), TP_OK, "%s",
+                 tp_errmsg());
+    ckpt_reader *r = formats_source_reader(s);
+    int table = ckpt_reader_find(r, "embedding.word_embeddings.weight");
+    cr_assert_geq(table, 0);
+    cr_assert_eq(ckpt_reader_tensor(r, table)->shape[0], 30);
+    formats_source_close(s);
+}
+
 /* A format of a test: a directory holding a file named "marked" is one;
  * its open refuses, or gives the DCP fixture's reader as its own. */
 static int opened, closed;
