@@ -4,11 +4,13 @@
  * checkpoint on SIGTERM, SIGUSR1, SIGHUP or a first SIGINT), 1 failure, 2 usage. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <time.h>
 
@@ -435,10 +437,35 @@ static void maybe_fault(int rank, int64_t step, FILE *log)
 }
 
 /* Opens the log: appended to when continuing a run, else new. */
+/* Whether rank 0 can write the log at path: opened to append (and removed
+ * again when this made it), so that a run whose metrics a script reads is
+ * refused at once rather than trained for hours without them. */
+static int log_writable(const char *path)
+{
+    struct stat st;
+    int existed = stat(path, &st) == 0;
+    if (existed && S_ISDIR(st.st_mode)) {
+        errno = EISDIR;
+        return 0;
+    }
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return 0;
+    close(fd);
+    if (!existed) unlink(path);
+    return 1;
+}
+
+/* Written at its end always (O_APPEND; a fresh run empties it first): a
+ * launch refused beside a live run appends its stop line whole, and the
+ * run's next lines go after it, not over it from an older offset. */
 static FILE *open_log(const char *path, int append)
 {
-    FILE *f = fopen(path, append ? "a" : "w");
-    if (!f) fprintf(stderr, "tp-train: warning: %s: %s; not logging\n", path, strerror(errno));
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0666);
+    FILE *f = fd >= 0 ? fdopen(fd, "a") : NULL;
+    if (!f) {
+        fprintf(stderr, "tp-train: warning: %s: %s; not logging\n", path, strerror(errno));
+        if (fd >= 0) close(fd);
+    }
     return f;
 }
 
@@ -616,7 +643,7 @@ static void on_report(void *ctx, const train_report *r)
 
 /* --kernel-times: per step, each operation's calls, issue and wait, then
  * the trainer's own time around them; in the log as one kernel_times line. */
-static void report_kernel_times(reporter *p)
+static void report_kernel_times(reporter *p, int64_t step)
 {
     kernel_op_time times[64];
     int n = kernels_timed_read(times, 64);
@@ -645,8 +672,10 @@ static void report_kernel_times(reporter *p)
         printf("  %-*s %8s %10.3f\n", width, "step", "", p->timed_seconds * 1e3 / (double)steps);
     }
     if (p->log) {
-        fprintf(p->log, "{\"event\":\"kernel_times\",\"steps\":%lld,\"step_ms\":%.3f,\"outside_ms\":%.3f,\"ops\":[",
-                (long long)steps, p->timed_seconds * 1e3 / (double)steps, outside * 1e3 / (double)steps);
+        /* step: the last step done, as every line of the log has one. */
+        fprintf(p->log,
+                "{\"event\":\"kernel_times\",\"step\":%lld,\"steps\":%lld,\"step_ms\":%.3f,\"outside_ms\":%.3f,\"ops\":[",
+                (long long)step, (long long)steps, p->timed_seconds * 1e3 / (double)steps, outside * 1e3 / (double)steps);
         for (int i = 0; i < n; i++)
             fprintf(p->log, "%s{\"op\":\"%s\",\"calls\":%.3f,\"issue_ms\":%.4f,\"wait_ms\":%.4f}", i ? "," : "",
                     times[i].name, (double)times[i].calls / (double)steps, times[i].issue_seconds * 1e3 / (double)steps,
@@ -695,7 +724,7 @@ int main(int argc, char **argv)
     train_options_init(&o);
     gpt_options model = {0};
     const char *log_path = NULL;
-    int quiet = 0, kernel_times = 0, share_gpus = 0;
+    int quiet = 0, kernel_times = 0, share_gpus = 0, ckpt_every_given = 0;
     int64_t tp = 1, pp = 1, dp = 0, global_batch = 0;
     int accum_given = 0;
     const char *fault_detail = NULL; /* the last of --fault-step, --fault-rank, --fault-once given */
@@ -753,6 +782,7 @@ int main(int argc, char **argv)
         case CLI_TRAIN_CKPT_CACHE: o.ckpt_cache = cli_path("tp-train", "--ckpt-cache", optarg); break;
         case CLI_TRAIN_CKPT_EVERY:
             o.ckpt_every = cli_int("tp-train", "--ckpt-every", optarg, 0, (int64_t)1 << 40);
+            ckpt_every_given = 1;
             break;
         case CLI_TRAIN_RESUME: o.resume = 1; break;
         case CLI_TRAIN_SYNC_SAVE: o.sync_save = 1; break;
@@ -792,6 +822,11 @@ int main(int argc, char **argv)
     if (gpt_model_supported(&o.config)) die_usage("%s", tp_errmsg());
     o.seq = o.config.seq;
     if (o.resume && !o.ckpt_dir) die_usage("--resume needs --ckpt-dir");
+    /* Checkpoints' options without a place for them would do nothing: said, not ignored. */
+    const char *saves_without_dir = ckpt_every_given ? "--ckpt-every" : o.sync_save ? "--sync-save"
+                                    : o.ckpt_cache   ? "--ckpt-cache" : NULL;
+    if (saves_without_dir && !o.ckpt_dir)
+        die_usage("%s applies to checkpoints: it needs --ckpt-dir DIR (where they are written)", saves_without_dir);
     /* The cosine decays from --lr to --min-lr: above it, the rate would grow all run long. */
     if (o.min_lr > o.lr)
         die_usage("--min-lr %g is above --lr %g: the schedule decays from --lr to --min-lr", o.min_lr, o.lr);
@@ -862,11 +897,20 @@ int main(int argc, char **argv)
         return 2;
     }
     comm *cm = NULL;
-    /* Every rank reaches the same verdict on the layout; rank 0 says it. */
-    if (gpt_config_check(&o.config, (int)tp, (int)pp) || comm_mpi_create(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp)) {
-        int code = comm_mpi_rank() == 0 ? fail("%s", tp_errmsg()) : 1;
+    /* Every rank reaches the same verdict on the layout; rank 0 says it. A
+     * layout the model does not divide into, or one the ranks launched do
+     * not make, is the command line's: a usage error (2), as the other
+     * layout checks above; a failure of MPI itself is not (1). */
+    int layout = gpt_config_check(&o.config, (int)tp, (int)pp);
+    int created = layout ? layout : comm_mpi_create(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp);
+    if (created) {
+        int usage = layout || created == TP_ERR_ARG;
+        if (comm_mpi_rank() == 0) {
+            if (usage) fprintf(stderr, "tp-train: %s (see tp-train --help)\n", tp_errmsg());
+            else fail("%s", tp_errmsg());
+        }
         comm_mpi_finalize();
-        return code;
+        return usage ? 2 : 1;
     }
     /* A --ckpt-dir refused (another tool's checkpoint, one of ours, or
      * without --resume a run directory with checkpoints: cli.h) is refused
@@ -878,6 +922,18 @@ int main(int argc, char **argv)
     if (o.ckpt_dir && cm->rank == 0 && cli_ckpt_dir_refusal(o.ckpt_dir, o.resume, refused, sizeof refused)) verdict = 2;
     else if (refused[0]) verdict = 1;
     if (o.ckpt_dir && comm_broadcast(cm, &verdict, sizeof verdict, 0, COMM_HOST)) verdict = 2;
+    /* --log: rank 0 writes it, and looks (verdict 3: it cannot). */
+    int log_errno = 0;
+    if (!verdict && log_path && cm->rank == 0 && !log_writable(log_path)) {
+        log_errno = errno;
+        verdict = 3;
+    }
+    if (!verdict && log_path && comm_broadcast(cm, &verdict, sizeof verdict, 0, COMM_HOST)) verdict = 2;
+    if (verdict == 3) {
+        if (cm->rank == 0) fail("--log %s: cannot write it: %s", log_path, strerror(log_errno));
+        comm_free(cm);
+        return 1;
+    }
     if (verdict) {
         if (cm->rank == 0 && verdict == 1) fprintf(stderr, "tp-train: %s\n", refused);
         else if (cm->rank == 0) fail("--ckpt-dir %s: %s", o.ckpt_dir, tp_errmsg());
@@ -963,10 +1019,12 @@ int main(int argc, char **argv)
      * succeeded (one that failed alone ends the job below). */
     double *peak_rss = NULL;
     if (!status && rep.log_path) peak_rss = gather_peak_rss(cm);
-    if (!status && kernel_times && cm->rank == 0) report_kernel_times(&rep);
+    if (!status && kernel_times && cm->rank == 0) report_kernel_times(&rep, outcome.step);
     /* The stop line first: a failure only this rank knows ends the job. A
-     * failure before training began (no start line) is logged too. */
-    if (cm->rank == 0 && log_path && !rep.log && status) rep.log = open_log(log_path, o.resume);
+     * failure before training began (no start line) is logged too, appended:
+     * the log may be a live run's (a launch refused as in_use truncated it,
+     * and the run wrote on past its old offset, NUL bytes before). */
+    if (cm->rank == 0 && log_path && !rep.log && status) rep.log = open_log(log_path, 1);
     if (rep.log) {
         log_stop(rep.log, outcome.step,
                  outcome.end == TRAIN_FINISHED  ? "finished"

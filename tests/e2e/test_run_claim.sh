@@ -66,6 +66,32 @@ for trial in 1 2 3; do
         '[ "$(ls "$D" | tr "\n" " ")" = "latest step_00000002 " ] && [ "$(model_of "$D/step_00000002")" = "2 64" ]'
 done
 
+# A refused launch given the live run's own --log appends its stop line:
+# it truncated the log, and the live run wrote on past its old offset (the
+# start line gone, NUL bytes, no line after them JSON).
+D="$WORK/shared-log"
+TP_CKPT_FAULT=$(held shared) "$TRAIN" $LONG --ckpt-dir "$D" --log "$WORK/shared.jsonl" >"$WORK/first.out" 2>&1 &
+first=$!
+wait_for "$D/.tp-run.lock" 20
+named_in "$D/.tp-run.lock" "pid $first " 20
+named_in "$WORK/shared.jsonl" '"event":"start"' 20
+expect_error "a second trainer with the live run's --log: refused" 1 "$D is in use by tp-train \(pid $first " \
+    "$TRAIN" $LONG --ckpt-dir "$D" --resume --log "$WORK/shared.jsonl"
+release shared
+wait $first
+check "the live trainer finished (exit $?)" [ $? -eq 0 ]
+check "its log: every line JSON, its start first and its stop last, the refused launch's in_use line kept whole" \
+    "$PY" - "$WORK/shared.jsonl" <<'PYEOF'
+import json, sys
+raw = open(sys.argv[1], "rb").read()
+assert b"\0" not in raw, "NUL bytes in the log"
+lines = [json.loads(l) for l in raw.decode().splitlines()]
+assert lines[0]["event"] == "start", lines[0]
+assert lines[-1]["event"] == "stop" and lines[-1]["reason"] == "finished", lines[-1]
+stops = [l["reason"] for l in lines if l.get("event") == "stop"]
+assert stops == ["in_use", "finished"], stops
+PYEOF
+
 # A checkpoint written by another program into a live run directory (an
 # output named step_N, which becomes the run's `latest`): refused, naming
 # the trainer. tp-reshard and synth took `latest` over (a newer step of

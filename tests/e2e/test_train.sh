@@ -97,6 +97,8 @@ lines = [json.loads(l) for l in open(sys.argv[1])]
 kt = [l for l in lines if l.get("event") == "kernel_times"]
 assert len(kt) == 1 and lines[-1]["event"] == "stop" and lines[-2] is kt[0], "one kernel_times line, just before the stop line"
 kt = kt[0]
+assert all("step" in l for l in lines), "a line without a step: %s" % [l for l in lines if "step" not in l][:1]
+assert kt["step"] == 4, "kernel_times at step %r, the run ended at 4" % kt["step"]
 steps = [l for l in lines if "step" in l and "event" not in l]
 mean = sum(l["ms"] for l in steps[1:]) / len(steps[1:])
 assert kt["steps"] == 3, kt["steps"]
@@ -775,13 +777,33 @@ expect_error "--share-gpus without --device cuda" 2 "--share-gpus applies to --d
 expect_error "--share-gpus with --device auto" 2 "--share-gpus applies to --device cuda" "$TRAIN" $TINY --share-gpus \
     --device auto
 expect_error "--resume without --ckpt-dir" 2 "resume.*ckpt-dir" "$TRAIN" $TINY --resume
+# A --log rank 0 cannot write is refused before training (it warned "not
+# logging", trained, exit 0: a run whose metrics a script reads, without them).
+expect_error "--log in a missing directory: refused" 1 "^tp-train: error: --log $WORK/none/x.jsonl: cannot write it: No such file or directory$" \
+    "$TRAIN" $TINY --steps 2 --log "$WORK/none/x.jsonl"
+expect_error "--log naming a directory: refused" 1 "^tp-train: error: --log $WORK: cannot write it: Is a directory$" \
+    "$TRAIN" $TINY --steps 2 --log "$WORK"
+check "nothing trained (no step printed)" sh -c '! grep -q "^step " "$1"' sh "$WORK/.out"
+# The checkpoints' options without --ckpt-dir trained and saved nothing, exit 0.
+for option in "--ckpt-every 2" --sync-save "--ckpt-cache $WORK/cache"; do
+    expect_error "${option%% *} without --ckpt-dir: refused, not ignored" 2 \
+        "^tp-train: ${option%% *} applies to checkpoints: it needs --ckpt-dir DIR" "$TRAIN" $TINY --steps 3 $option
+done
 run "$TRAIN" $TINY --dim 128 --steps 22 --ckpt-dir "$WORK/run" --resume
 check_all "resume with another model shape: refused at the newest checkpoint, both shapes named, no fallback" \
     '[ "$RC" -eq 1 ] && [ "$(wc -l <"$WORK/.err")" -eq 1 ] &&
     grep -q "^tp-train: error: .*holds another model: .*dim 64 .*this run has .*dim 128 .*: resume with the model flags" \
     "$WORK/.err" && ! grep -q "unusable\|falling back\|no intact" "$WORK/.err"'
-mpi_error "ranks != tp x pp x dp" "tp 2 x --pp 2 x --dp 1 = 4 ranks, but 3" 3 $TINY --tp 2 --pp 2 --dp 1
-mpi_error "heads not divisible by tp" "heads 4 is not divisible by tp 3" 3 $TINY --tp 3
+# A layout the command line asks for that the model or the ranks do not
+# make is a usage error (exit 2), as the other layout checks (--virtual-stages,
+# --sequence-parallel): it was 1, which a retrying job script takes for a
+# failure worth retrying.
+mpi_error "ranks != tp x pp x dp" "tp 2 x --pp 2 x --dp 1 = 4 ranks, but 3 .*\(see tp-train --help\)$" 3 $TINY --tp 2 \
+    --pp 2 --dp 1
+check "exit 2 ($RC)" [ "$RC" -eq 2 ]
+mpi_error "heads not divisible by tp" "heads 4 is not divisible by tp 3 \(see tp-train --help\)$" 3 $TINY --tp 3
+check "exit 2 ($RC)" [ "$RC" -eq 2 ]
 mpi_error "layers not divisible by pp" "layers 3 is not divisible by pp 2" 2 $TINY --layers 3 --pp 2
+check "exit 2 ($RC)" [ "$RC" -eq 2 ]
 
 finish
