@@ -2,7 +2,8 @@
  * trainer, the denominator of bench-train's "CPU MFU": OpenBLAS's sgemm on
  * its own threads, and oneDNN's bf16 matmul (fp32 sums) as the CPU backend
  * runs it, where the CPU multiplies bf16 itself. Square products of SIZE, the best of a
- * few; prints one JSON object with the OpenBLAS kernel in use.
+ * few (bf16_gflops 0 where the CPU does not multiply bf16 itself); prints
+ * one JSON object with the OpenBLAS kernel and oneDNN's ISA in use.
  *   product_peak THREADS [SIZE (default 2048)] */
 #include <cblas.h>
 #include <stdio.h>
@@ -76,8 +77,9 @@ int main(int argc, char **argv)
     double bf16 = bf16_rate(n, a_bits, b_bits, c);
     openblas_set_num_threads(threads);
     double sgemm = sgemm_rate(n, a, b, c);
-    printf("{\"threads\": %d, \"size\": %d, \"openblas_core\": \"%s\", \"sgemm_gflops\": %.1f, \"bf16_gflops\": %.1f}\n",
-           threads, n, openblas_get_corename(), sgemm, bf16);
+    printf("{\"threads\": %d, \"size\": %d, \"openblas_core\": \"%s\", \"onednn_isa\": \"%s\", \"sgemm_gflops\": %.1f, "
+           "\"bf16_gflops\": %.1f}\n",
+           threads, n, openblas_get_corename(), onednn_isa_name(), sgemm, bf16);
     free(a), free(b), free(c), free(a_bits), free(b_bits);
     return 0;
 }

@@ -6,8 +6,10 @@ Python baseline (tools named cp and python) from the same cache state, or
 from the cold runs when a tool ran only cold.
 
 Usage: ratio_table.py RESULTS BYTES DIGITS TOOL=LABEL...
-  RESULTS: lines "CACHE TOOL JSON" (JSON: measure.py's seconds, max_rss_bytes)
+  RESULTS: lines "CACHE TOOL JSON" (JSON: measure.py's seconds, max_rss_bytes, status)
   DIGITS: decimals of the seconds column
+A run that failed (its status not 0) makes no table: the script stops,
+naming the tool and the cache state (its seconds are those of a failure).
 """
 import json
 import statistics
@@ -18,7 +20,11 @@ def main(results, bytes_, digits, labels):
     runs = {}
     for line in open(results):
         cache, tool, m = line.split(" ", 2)
-        runs.setdefault((cache, tool), []).append(json.loads(m))
+        m = json.loads(m)
+        if m.get("status", 0) != 0:
+            sys.exit("ratio_table.py: %s (%s, %s cache) failed with status %s: no table of a failure's seconds" % (
+                labels.get(tool, tool), tool, cache, m["status"]))
+        runs.setdefault((cache, tool), []).append(m)
 
     def median(cache, tool):
         return statistics.median(m["seconds"] for m in runs.get((cache, tool), runs.get(("cold", tool), [])))

@@ -58,7 +58,9 @@ for rep in $(seq 1 "$REPS"); do
         echo "rep $rep zstd=$level: write ${write}s (cp ${cp_write}s), read cold ${read_cold}s (cp ${cp_cold}s), warm ${read_warm}s (cp ${cp_warm}s)"
     done
 done
-rm -f "$DIR/copy.bin"
+# The checkpoints and the copy's source (about 3 x BENCH_GB) go: the next run
+# writes them anew whatever it finds; the results stay.
+rm -rf "$DIR/copy.bin" "$DIR/c0" "$DIR/c3" "$DIR/src.bin"
 
 SIZE=$(size_text "$bytes" 1)
 TABLE=$(/usr/bin/python3 - "$RESULTS" "$GB" "$REPS" <<'PY'

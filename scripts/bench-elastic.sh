@@ -92,7 +92,7 @@ recovery() {
         fi
     done
     first_ckpt=$(ls -d "$run"/step_* | head -1)
-    copy=$(measure cp -r "$first_ckpt" "$run.copy" | $PY -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
+    copy=$(measure cp -r "$first_ckpt" "$run.copy" | measured_seconds)
     size=$(du -sb "$first_ckpt" | cut -f1)
     # The fault's event (its line in events.jsonl): the first failure, hang
     # or scale change of a launch that did not die of the startup defect; it
@@ -120,8 +120,7 @@ PYEOF
     fault_event=$1
     reshard="-"
     if [ $# -eq 3 ]; then
-        reshard=$(measure "$BIN/tp-reshard" "$2" --to "$3" -o "$run.resharded" --threads 2 2>/dev/null |
-            $PY -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["seconds"])')
+        reshard=$(measure "$BIN/tp-reshard" "$2" --to "$3" -o "$run.resharded" --threads 2 | measured_seconds)
     fi
     $PY - "$run" "$name" "$launcher" "$copy" "$size" "$reshard" "$fault_event" <<'PYEOF'
 import json, sys
@@ -189,7 +188,7 @@ else
 fi
 if [ -n "${BENCH_DOC:-}" ]; then
     doc_section bench-elastic "Recovery with tp-elastic (bench-elastic)" <<DOC
-Command: \`make bench-elastic\` (scripts/bench-elastic.sh). Tiny rows: \`$TINY\`, steps, checkpoint interval and
+Command: \`BENCH_DOC=docs/BENCHMARKS.md make bench-elastic\` (scripts/bench-elastic.sh; without BENCH_DOC the table is printed only). Tiny rows: \`$TINY\`, steps, checkpoint interval and
 fault step $TINY_RUN; large rows: \`$LARGE\`, 7 2 5. Global batch 12, micro-batch 1.
 
 $(cat "$TABLE")

@@ -55,6 +55,24 @@ cold_cache() { drop_cache "$@"; sleep "$SETTLE"; }
 
 # measure CMD...: one JSON line of wall seconds, peak RSS and exit status.
 measure() { $PY bench/measure.py "$@"; }
+# openblas_kernel: "OpenBLAS kernel: NAME (OPENBLAS_CORETYPE=X, or unset)", the kernel
+# OpenBLAS itself chose or was told (bench/product_peak asks it), for a
+# section's notes: the variable alone says nothing where it is unset.
+openblas_kernel() {
+    core=$("${BUILD:-build}/bench/product_peak" 1 16 | $PY -c 'import json, sys; print(json.load(sys.stdin)["openblas_core"])')
+    told=" unset"
+    [ -n "${OPENBLAS_CORETYPE:-}" ] && told="=$OPENBLAS_CORETYPE"
+    echo "OpenBLAS kernel: $core (OPENBLAS_CORETYPE$told)"
+}
+# measured_seconds: measure's JSON (stdin) as its seconds (%.2f); a run that
+# failed stops the benchmark, naming it, rather than be a result.
+measured_seconds() {
+    $PY -c 'import json, sys
+d = json.loads(sys.stdin.read())
+if d["status"] != 0:
+    sys.exit("bench: a measured run failed (status %s): no result of a failure (its output: above)" % d["status"])
+print("%.2f" % d["seconds"])'
+}
 
 # gpt_layers BILLIONS: layers of a dim-$DIM GPT of about that many parameters
 # (12 * dim^2 per layer), even so that it splits over two pipeline stages;

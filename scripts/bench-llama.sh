@@ -146,8 +146,7 @@ output ($PARAMS of fp32 parameters), sequence $(shape_value --seq), $BATCH seque
 clipping; PyTorch is the Llama of tests/trainer/llama_ref.py (the model tp-train is checked against; its q/k/v and
 gate/up products fused as ours are) on the same shape, batch and threads, each split of its threads between OpenMP and
 OpenBLAS tried and the best kept. Beside it, the GPT-2 of the same layers, dim, heads, vocabulary and sequence (MLP
-width 4 dim). Each run's first 2 steps are warm-up; figures are medians. OpenBLAS kernel: \
-OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset (its own choice)}, for both trainers. Target: at least PyTorch's throughput.
+width 4 dim). Each run's first 2 steps are warm-up; figures are medians. $(openblas_kernel), for both trainers. Target: at least PyTorch's throughput.
 
 $TRAIN_TABLE
 

@@ -114,7 +114,7 @@ PY
 echo "$TABLE"
 doc_section bench-parallel "Parallelism options: sequence parallelism (bench-parallel)" <<DOC
 Command: \`make bench-parallel\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS, BENCH_TPS="$TPS"),
-OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}. tp-train $SHAPE, micro-batch $BATCH, one thread per rank, the
+$(openblas_kernel). tp-train $SHAPE, micro-batch $BATCH, one thread per rank, the
 ranks sharing this machine's $(nproc) cores (oversubscribed past them: the times say what the collectives and the
 smaller norms cost here, not what a cluster would see; with sequence parallelism the backward gathers the norms'
 outputs again, a quarter more traffic over TP). "Activations kept" is the start line's activation_bytes, what a rank keeps for the backward
@@ -237,7 +237,7 @@ PY
 echo "$ZERO_TABLE"
 doc_section bench-zero "Parallelism options: the sharded optimizer, ZeRO-1 and ZeRO-3 (bench-parallel)" <<DOC
 Command: \`make bench-parallel\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS, BENCH_DPS="$DPS", BENCH_ZEROS="$ZEROS"),
-OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}. tp-train $SHAPE at tp 1, micro-batch $BATCH per rank (so the global
+$(openblas_kernel). tp-train $SHAPE at tp 1, micro-batch $BATCH per rank (so the global
 batch grows with dp: compare the ZeRO stages at the same dp), one process per data-parallel rank with one thread,
 on this machine's $(nproc) cores, each run ending with a checkpoint. "Moments kept" is the start line's
 optimizer_bytes (both fp32 Adam moments of what the rank updates); expected: all of them at ZeRO 0, a dp-th
@@ -318,7 +318,7 @@ PY
 echo "$PIPELINE_TABLE"
 doc_section bench-pipeline "Parallelism options: the interleaved pipeline schedule (bench-parallel)" <<DOC
 Command: \`make bench-parallel\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS, BENCH_PIPELINE_M="$PIPELINE_M",
-BENCH_PIPELINE_V="$PIPELINE_V"), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}. tp-train $PIPELINE_SHAPE at pp 2,
+BENCH_PIPELINE_V="$PIPELINE_V"), $(openblas_kernel). tp-train $PIPELINE_SHAPE at pp 2,
 micro-batches of one sequence, one process per stage with one thread on this machine's $(nproc) cores. The bubble
 measured is the ranks' mean idle time in the pipeline (each step line's pipeline_wait_ms: waiting for messages, and
 after a rank's last operation until the slowest rank's end) over the rest of the longest rank's pipeline time

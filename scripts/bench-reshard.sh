@@ -55,7 +55,10 @@ import json, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
     cache, tool, m = line.split(" ", 2)
-    runs.setdefault((cache, tool), []).append(json.loads(m))
+    m = json.loads(m)
+    if m["status"] != 0: # a failure's seconds are no result
+        sys.exit("bench-reshard: %s (%s cache) failed with status %s" % (tool, cache, m["status"]))
+    runs.setdefault((cache, tool), []).append(m)
 size = int(sys.argv[2])
 label = {"before": "tp-reshard before", "after": "tp-reshard", "cp": "cp -r + sync"}
 print("| cache | tool | runs | seconds: median (range) | GB/s | peak RSS | vs cp (medians) |")

@@ -80,7 +80,6 @@ THREADS="1"
 for t in $THREADS; do
     peak=$("$BUILD/bench/product_peak" "$t" "${BENCH_PEAK_SIZE:-2048}")
     echo "peak $t $peak" >>"$RESULTS"
-    CORE=$(echo "$peak" | $PY -c 'import json,sys; print(json.load(sys.stdin)["openblas_core"])')
     echo "peak of the products at $t thread(s): $peak"
 done
 for rep in $(seq 1 "$REPS"); do
@@ -170,12 +169,20 @@ print("\n".join(out))
 PY
 )
 echo "$TABLE"
-CORETYPE_NOTE="OPENBLAS_CORETYPE unset"
-[ -n "${OPENBLAS_CORETYPE:-}" ] && CORETYPE_NOTE="OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
-KERNEL_NOTE="OpenBLAS kernel: $CORE ($CORETYPE_NOTE). \
+KERNEL_NOTE="$(openblas_kernel). \
 CPU: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n 1)."
 MODEL_NOTE=""
 [ "$SHAPE" = "$SMALL" ] && MODEL_NOTE=" (\`tp-train --model small\`)"
+# The denominator of bf16's CPU MFU: oneDNN's bf16 matmul where the CPU
+# multiplies bf16 itself; elsewhere (AVX2 only, say) tp-train emulates its
+# products with sgemm, and so does the peak (the table takes sgemm's).
+PEAK_NOTE=$(grep '^peak ' "$RESULTS" | tail -n 1 | cut -d' ' -f3- | $PY -c 'import json, sys
+p = json.load(sys.stdin)
+if p["bf16_gflops"] > 0:
+    print("CPU MFU is that rate over the peak of oneDNN\x27s bf16 matmul at the same threads (oneDNN ISA %s)." % p["onednn_isa"])
+else:
+    print("This CPU has no bf16 products of its own (oneDNN ISA %s): tp-train emulates them with sgemm on rounded "
+          "operands, so its two rows are one code, and CPU MFU is that rate over sgemm\x27s peak." % p["onednn_isa"])')
 if [ "$DTYPE" = bf16 ]; then
     doc_section bench-train-bf16 "Training throughput in bf16 mixed precision (bench-train, BENCH_DTYPE=bf16)" <<DOC
 Command: \`BENCH_DTYPE=bf16 make bench-train\` (BENCH_STEPS=$STEPS, BENCH_REPS=$REPS). $KERNEL_NOTE
@@ -186,8 +193,8 @@ rounded to bf16, fp32 sums: oneDNN's bf16 matmul where the CPU has AVX512_BF16 o
 \`torch.autocast("cpu", torch.bfloat16)\` on the GPT-2 of tests/trainer/gpt2_ref.py, best of its thread splits,
 and against tp-train's own products emulated with sgemm on the rounded operands (TP_NO_ONEDNN=1). Each run's
 first 2 steps are warm-up and not counted; figures are medians over the runs. GFLOP/s counts the products of a step
-(6 x tokens x (12 L D^2 + D V) + 6 L B T^2 D, the causal attention's half); CPU MFU is that rate over the peak of
-oneDNN's bf16 matmul at the same threads. Target: at least 1.3x PyTorch.
+(6 x tokens x (12 L D^2 + D V) + 6 L B T^2 D, the causal attention's half). $PEAK_NOTE Target: at least 1.3x
+PyTorch.
 
 $TABLE
 DOC

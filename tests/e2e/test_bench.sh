@@ -93,7 +93,25 @@ bench() {
 
 total=$(date +%s)
 bench bench-ckpt
+check "bench-ckpt: its checkpoints and the copy's source removed, its results kept" \
+    sh -c 'cd "$1" && [ ! -e c0 ] && [ ! -e c3 ] && [ ! -e src.bin ] && [ -s results.txt ]' sh "$BENCH_SCRATCH/ckpt"
 bench bench-reshard
+# A measured run that failed is no result: the benchmark stops naming it and
+# its section stays as it was (a tp-reshard refusing the memory limit was
+# tabled as 0.74x cp).
+cp "$BENCH_DOC" "$WORK/doc.before-failure"
+run env BENCH_CASE=issue28 BENCH_MEMORY=1K "$ROOT/scripts/bench-reshard.sh"
+check_all "bench-reshard issue 28 with a tp-reshard that fails: stopped, naming the failed run (exit $RC)" \
+    '[ "$RC" -ne 0 ] && grep -q "^tp-reshard: error: memory limit of 1.00 KiB is too small" "$WORK/.err" &&
+     grep -q "^bench-reshard: after (cold cache) failed with status 1$" "$WORK/.err"'
+check "and its section unchanged" cmp "$BENCH_DOC" "$WORK/doc.before-failure"
+# The tables of the other benchmarks alike (bench/ratio_table.py).
+printf '%s\n' 'cold reshard {"seconds": 1.0, "max_rss_bytes": 1, "status": 0}' \
+    'cold cp {"seconds": 0.5, "max_rss_bytes": 1, "status": 2}' >"$WORK/failed-results.txt"
+run "$PY" "$ROOT/bench/ratio_table.py" "$WORK/failed-results.txt" 1000 2 reshard=tp-reshard "cp=cp -r"
+check_all "ratio_table.py of a failed run: no table, the run named (exit $RC)" \
+    '[ "$RC" -eq 1 ] && ! grep -q "|" "$WORK/.out" &&
+     grep -q "^ratio_table.py: cp -r (cp, cold cache) failed with status 2: no table" "$WORK/.err"'
 start=$(date +%s)
 expect_ok "bench-reshard, issue 28's case, this build before and after" env BENCH_CASE=issue28 BENCH_BEFORE="$BUILD/bin" \
     "$ROOT/scripts/bench-reshard.sh"
@@ -113,6 +131,13 @@ expect_ok "bench-train, bf16" env BENCH_DTYPE=bf16 "$ROOT/scripts/bench-train.sh
 echo "[$NAME] bench-train bf16: $(($(date +%s) - start)) s"
 check "bench-train bf16: its section in BENCH_DOC, with a table of numbers" has_table bench-train-bf16
 check "bench-train bf16: a row of the emulated products" grep -q "emulated with sgemm" "$BENCH_DOC"
+check "bench-train bf16: the peak its MFU is over named, with oneDNN's ISA" \
+    grep -Eq "(over the peak of oneDNN's bf16 matmul at the same threads|over sgemm's peak).*oneDNN ISA [a-z0-9_]+|oneDNN ISA [a-z0-9_]+.*over sgemm's peak" "$BENCH_DOC"
+# Where the CPU does not multiply bf16 (oneDNN capped at AVX2, as on an AVX2
+# machine), the peak says so: no bf16 rate, the ISA named, for the note above.
+run env ONEDNN_MAX_CPU_ISA=AVX2 "$BUILD/bench/product_peak" 1 16
+check_all "product_peak under AVX2: no bf16 peak, oneDNN's ISA avx2 (exit $RC)" \
+    '[ "$RC" -eq 0 ] && grep -q "\"onednn_isa\": \"avx2\"" "$WORK/.out" && grep -q "\"bf16_gflops\": 0.0}" "$WORK/.out"'
 check "bench-train: the CPU MFU of each row against the measured peak" grep -q "| CPU MFU |" "$BENCH_DOC"
 check "bench-train: the OpenBLAS kernel in use named" grep -q "OpenBLAS kernel: [A-Za-z]" "$BENCH_DOC"
 if "$PY" -c 'import torch' 2>/dev/null; then
@@ -124,6 +149,9 @@ bench bench-elastic
 bench bench-parallel
 check "bench-parallel: the interleaved schedule's section, with a table of numbers" has_table bench-pipeline
 check "bench-parallel: the ZeRO section, with a table of numbers" has_table bench-zero
+check "bench-parallel's and bench-llama's sections name the OpenBLAS kernel in use, not only the variable" \
+    sh -c '[ "$(grep -c "OpenBLAS kernel: [A-Za-z]" "$1")" -ge 4 ] && ! grep -q "OPENBLAS_CORETYPE=unset" "$1"' sh \
+    "$BENCH_DOC"
 bench bench-remote
 check "bench-remote: the per-rank saves' section, with a table of numbers" has_table bench-remote-ranks
 bench bench-scale
