@@ -96,20 +96,32 @@ int cli_clean_up_on_signals(void)
 }
 
 static const char *help_command;
+static int usage_unsaid;
 
 void cli_set_help_command(const char *command)
 {
     help_command = command;
 }
 
+void cli_say_usage_errors(int say)
+{
+    usage_unsaid = !say;
+}
+
 void cli_usage_error(const char *program, const char *fmt, ...)
 {
+    /* One line, written at once: ranks of one job writing theirs in pieces
+     * interleaved them ("tp-train: tp-train: ..."). */
+    char message[4096];
     va_list args;
     va_start(args, fmt);
-    fprintf(stderr, "%s: ", program);
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, " (see %s --help)\n", help_command ? help_command : program);
+    int n = snprintf(message, sizeof message, "%s: ", program);
+    if (n > 0 && (size_t)n < sizeof message) n += vsnprintf(message + n, sizeof message - (size_t)n, fmt, args);
     va_end(args);
+    if (n > 0 && (size_t)n < sizeof message)
+        snprintf(message + n, sizeof message - (size_t)n, " (see %s --help)\n", help_command ? help_command : program);
+    if (strlen(message) > 0 && message[strlen(message) - 1] != '\n') strcpy(message + sizeof message - 5, "...\n");
+    if (!usage_unsaid) fputs(message, stderr);
     exit(2);
 }
 

@@ -82,6 +82,9 @@ const char *cli_rejected_option(char *const argv[]);
 /* "PROGRAM: message (see PROGRAM --help)" on stderr, then exit status 2;
  * after cli_set_help_command, "(see COMMAND --help)". */
 void cli_usage_error(const char *program, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+/* Whether usage errors are said (default 1): the ranks of a job but the
+ * first exit with status 2 without a word, the first says it once. */
+void cli_say_usage_errors(int say);
 /* The command whose --help a usage error points to ("tp-ckpt diff": a
  * subcommand's options are in its own --help, not the program's). */
 void cli_set_help_command(const char *command);

@@ -714,6 +714,9 @@ static void print_summary(const train_outcome *out, const reporter *p, int64_t g
 int main(int argc, char **argv)
 {
     opterr = 0; /* rejected options are reported in one line */
+    /* Every rank parses the same command line: the first says its usage
+     * errors, once (each said it, its pieces interleaved with the others'). */
+    cli_say_usage_errors(comm_launcher_rank() == 0);
     cli_print_store_notices("tp-train");
     cli_check_stdout_at_exit("tp-train");
     if (argc > 1 && strcmp(argv[1], "prepare") == 0) return prepare(argc - 1, argv + 1);
@@ -822,11 +825,13 @@ int main(int argc, char **argv)
     if (gpt_model_supported(&o.config)) die_usage("%s", tp_errmsg());
     o.seq = o.config.seq;
     if (o.resume && !o.ckpt_dir) die_usage("--resume needs --ckpt-dir");
-    /* Checkpoints' options without a place for them would do nothing: said, not ignored. */
+    /* Checkpoints' options without a place for them do nothing: said (once,
+     * by the first rank), not refused, since a reference run may share an
+     * orchestrated run's options, tp-elastic adding --ckpt-dir to those. */
     const char *saves_without_dir = ckpt_every_given ? "--ckpt-every" : o.sync_save ? "--sync-save"
                                     : o.ckpt_cache   ? "--ckpt-cache" : NULL;
-    if (saves_without_dir && !o.ckpt_dir)
-        die_usage("%s applies to checkpoints: it needs --ckpt-dir DIR (where they are written)", saves_without_dir);
+    if (saves_without_dir && !o.ckpt_dir && comm_launcher_rank() == 0)
+        fprintf(stderr, "tp-train: warning: %s without --ckpt-dir: no checkpoint is written\n", saves_without_dir);
     /* The cosine decays from --lr to --min-lr: above it, the rate would grow all run long. */
     if (o.min_lr > o.lr)
         die_usage("--min-lr %g is above --lr %g: the schedule decays from --lr to --min-lr", o.min_lr, o.lr);

@@ -782,6 +782,10 @@ static int load_one(gpt_model *m, const char *path, const char *index_text, cons
         out->consumed_samples = state->consumed_samples;
         out->optimizer_loaded = !missing_optimizer;
         out->seed_recorded = recorded_seed(state->rng_json, &out->seed);
+        if (state->schedule_json && strlen(state->schedule_json) < sizeof out->schedule_json)
+            snprintf(out->schedule_json, sizeof out->schedule_json, "%s", state->schedule_json);
+        if (state->user_json && strlen(state->user_json) < sizeof out->run_json)
+            snprintf(out->run_json, sizeof out->run_json, "%s", state->user_json);
         out->host_state_bytes = b->host_bytes;
         snprintf(out->path, sizeof out->path, "%s", ckpt_reader_path(r));
     }

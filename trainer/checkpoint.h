@@ -96,6 +96,10 @@ typedef struct {
     int optimizer_loaded;
     int seed_recorded; /* the trainer's rng state names the seed of the run that wrote it: */
     uint64_t seed;     /* that seed (which draws the samples) */
+    /* The training state's schedule and the trainer's record of the run
+     * (global batch, data: files or synthetic), as saved ("" when longer
+     * than these or absent): what a resume compares with its own. */
+    char schedule_json[512], run_json[512];
     int64_t host_state_bytes; /* this rank's: the host memory it held at once for a sharded optimizer's state it
                                  read, besides what it keeps and the staging of at most dp x 1M values on a
                                  device: on a first replica (dp rank 0) both moments whole with ZeRO-1, and one

@@ -397,6 +397,16 @@ int comm_mpi_rank(void)
     return rank;
 }
 
+int comm_launcher_rank(void)
+{
+    static const char *const ranks[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+    for (size_t i = 0; i < sizeof ranks / sizeof *ranks; i++) {
+        const char *text = getenv(ranks[i]);
+        if (text && *text) return atoi(text);
+    }
+    return 0;
+}
+
 int comm_mpi_local_rank(void)
 {
     /* The ranks that share this machine's memory, in world order. */

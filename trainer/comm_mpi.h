@@ -15,6 +15,10 @@ int comm_mpi_world_size(int *argc, char ***argv);
 
 /* This process's rank in the world (after comm_mpi_world_size). */
 int comm_mpi_rank(void);
+/* The rank a launcher gave this process in its environment (mpirun's
+ * OMPI_COMM_WORLD_RANK, PMIx's, PMI's), known before MPI starts: 0 without
+ * a launcher. */
+int comm_launcher_rank(void);
 
 /* The communicator of this process at layout (tp, pp, dp); calls MPI_Init
  * when needed. Fails when tp * pp * dp is not the world size. Freeing it

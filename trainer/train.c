@@ -584,6 +584,60 @@ static int set_up(trainer *t)
 
 /* Loads the newest checkpoint of --ckpt-dir when --resume finds one (then
  * *loaded is 1), else leaves the model as it is. */
+/* A number of a saved JSON object, or NAN. */
+static double saved_number(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+/* Appends ", WHAT NOW (was THEN)" to text where a saved setting differs
+ * from this launch's. */
+static void note_change(char *text, size_t size, const char *what, double now, double then)
+{
+    if (isnan(then) || fabs(now - then) <= 1e-12 * fmax(fabs(now), fabs(then))) return;
+    size_t n = strlen(text);
+    snprintf(text + n, size - n, "%s%s %g (was %g)", n ? ", " : "", what, now, then);
+}
+
+/* What the checkpoint resumed was trained with against this launch: a
+ * launch that forgot --data would train the run's weights on synthetic
+ * data (refused); one with another schedule or global batch is said (the
+ * run goes on with this launch's: extending --steps stretches the cosine,
+ * on purpose or not). The seed has its own warning. */
+static int compare_settings(trainer *t, const load_result *loaded)
+{
+    const train_options *o = t->o;
+    cJSON *run = cJSON_Parse(loaded->run_json), *schedule = cJSON_Parse(loaded->schedule_json);
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(run, "data");
+    int status = TP_OK;
+    if (!o->data && cJSON_IsString(data) && !strcmp(data->valuestring, "files"))
+        status = tp_fail(TP_ERR_ARG, "--resume: %s was trained on token files (--data), and this launch gives no --data: "
+                         "it would train the run's weights on synthetic data from here on; give --data (the run's files)",
+                         loaded->path);
+    char changed[1024] = "";
+    note_change(changed, sizeof changed, "--lr", o->lr, saved_number(schedule, "lr"));
+    note_change(changed, sizeof changed, "--min-lr", o->min_lr >= 0 ? o->min_lr : o->lr / 10,
+                saved_number(schedule, "min_lr"));
+    note_change(changed, sizeof changed, "--warmup", (double)(o->warmup >= 0 ? o->warmup : o->steps / 10),
+                saved_number(schedule, "warmup"));
+    note_change(changed, sizeof changed, "--steps", (double)o->steps, saved_number(schedule, "total_steps"));
+    note_change(changed, sizeof changed, "global batch", (double)t->global_batch, saved_number(run, "global_batch"));
+    if (!status && o->data && cJSON_IsString(data) && !strcmp(data->valuestring, "synthetic")) {
+        size_t n = strlen(changed);
+        snprintf(changed + n, sizeof changed - n, "%stoken files (was synthetic data)", n ? ", " : "");
+    }
+    if (!status && changed[0]) {
+        char text[1024 + 4200];
+        snprintf(text, sizeof text, "%s was trained with other settings than this launch's: %s; the run goes on with "
+                 "this launch's", loaded->path, changed);
+        warn(t, text);
+    }
+    cJSON_Delete(run);
+    cJSON_Delete(schedule);
+    return status;
+}
+
 static int resume(trainer *t, int64_t *start_step, int *loaded_one)
 {
     const train_options *o = t->o;
@@ -621,7 +675,7 @@ static int resume(trainer *t, int64_t *start_step, int *loaded_one)
                  (unsigned long long)loaded.seed);
         warn(t, text);
     }
-    return TP_OK;
+    return compare_settings(t, &loaded);
 }
 
 static int dump_initial(trainer *t)

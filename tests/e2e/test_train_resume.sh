@@ -326,4 +326,22 @@ check_all "no step trained: the log's last step 12, two more start and stop line
     "stopped stopped stopped |12 12 12 " ]'
 check "no checkpoint written" [ "$(files "$WORK/run-meg")" = "$before" ]
 
+# --resume compares the checkpoint's record of its run with this launch: one
+# that forgot --data trained the run's weights on synthetic data without a
+# word (refused now, nothing trained); another schedule or global batch is
+# said, each setting with the one it was trained with.
+S="$WORK/settings"
+expect_ok "a run on token files, stopped at step 3" "$TRAIN" $TINY --global-batch 8 --data "$WORK/tokens.bin" --lr 1e-3 \
+    --warmup 2 --steps 6 --ckpt-dir "$S" --stop-at 3
+expect_error "resumed without --data: refused, naming the checkpoint and the option" 1 \
+    "^tp-train: error: --resume: .*settings/step_00000003 was trained on token files \(--data\), and this launch gives no --data" \
+    "$TRAIN" $TINY --global-batch 8 --lr 1e-3 --warmup 2 --steps 6 --ckpt-dir "$S" --resume
+check "nothing trained or saved" [ "$(ls "$S" | tr '\n' ' ')" = "latest step_00000003 " ]
+run "$TRAIN" $TINY --data "$WORK/tokens.bin" --steps 12 --ckpt-dir "$S" --resume --stop-at 4
+check_all "resumed with another schedule and batch: said, each with what it was (exit $RC)" \
+    '[ "$RC" -eq 0 ] && grep -q "^tp-train: warning: .*settings/step_00000003 was trained with other settings than this launch.s: --lr 0.0003 (was 0.001), --min-lr 3e-05 (was 0.0001), --warmup 1 (was 2), --steps 12 (was 6), global batch 2 (was 8); the run goes on with this launch.s$" "$WORK/.err"'
+run "$TRAIN" $TINY --data "$WORK/tokens.bin" --steps 12 --ckpt-dir "$S" --resume --stop-at 5
+check_all "resumed with the settings it was trained with: nothing said (exit $RC)" \
+    '[ "$RC" -eq 0 ] && ! grep -q "other settings" "$WORK/.err"'
+
 finish
