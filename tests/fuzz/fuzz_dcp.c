@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../../formats/dcp.h"
+#include "../support/fuzz_read.h"
 #include "../support/fuzz_scratch.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -47,15 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (e->kind == DCP_BYTES && dcp_read_bytes(dcp, i, 1 << 20, &bytes, &n) == 0) free(bytes);
     }
     ckpt_reader *r = NULL;
-    if (dcp_reader_open(dcp, 1, 1, &r) == 0) {
-        static unsigned char buf[1 << 20];
-        for (int i = 0; i < ckpt_reader_num_tensors(r); i++) {
-            ckpt_piece_info info;
-            if (ckpt_reader_piece_info(r, i, 0, &info) == 0 && info.bytes <= (int64_t)sizeof buf)
-                (void)ckpt_reader_read_piece(r, i, 0, buf, sizeof buf);
-        }
-        ckpt_reader_close(r);
-    }
+    if (dcp_reader_open(dcp, 1, 1, &r) == 0) fuzz_read_tensors(r);
     dcp_close(dcp);
     return 0;
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../../formats/megatron.h"
+#include "../support/fuzz_read.h"
 #include "../support/fuzz_scratch.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -47,15 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int told = 0; told < 2; told++) {
         if (told && megatron_dist_set_true_vocab(m, 30) != 0) break;
         ckpt_reader *r = NULL;
-        if (megatron_dist_reader_open(m, 1, 1, &r) == 0) {
-            static unsigned char buf[1 << 20];
-            for (int i = 0; i < ckpt_reader_num_tensors(r); i++) {
-                ckpt_piece_info info;
-                if (ckpt_reader_piece_info(r, i, 0, &info) == 0 && info.bytes <= (int64_t)sizeof buf)
-                    (void)ckpt_reader_read_piece(r, i, 0, buf, sizeof buf);
-            }
-            ckpt_reader_close(r);
-        }
+        if (megatron_dist_reader_open(m, 1, 1, &r) == 0) fuzz_read_tensors(r);
     }
     megatron_dist_close(m);
     return 0;
