@@ -436,7 +436,6 @@ static void maybe_fault(int rank, int64_t step, FILE *log)
     }
 }
 
-/* Opens the log: appended to when continuing a run, else new. */
 /* Whether rank 0 can write the log at path: opened to append (and removed
  * again when this made it), so that a run whose metrics a script reads is
  * refused at once rather than trained for hours without them. */
@@ -455,9 +454,10 @@ static int log_writable(const char *path)
     return 1;
 }
 
-/* Written at its end always (O_APPEND; a fresh run empties it first): a
- * launch refused beside a live run appends its stop line whole, and the
- * run's next lines go after it, not over it from an older offset. */
+/* Opens the log: appended to when continuing a run, else emptied first;
+ * written at its end always (O_APPEND): a launch refused beside a live run
+ * appends its stop line whole, and the run's next lines go after it, not
+ * over it from an older offset. */
 static FILE *open_log(const char *path, int append)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0666);
@@ -926,14 +926,13 @@ int main(int argc, char **argv)
     int verdict = 0;
     if (o.ckpt_dir && cm->rank == 0 && cli_ckpt_dir_refusal(o.ckpt_dir, o.resume, refused, sizeof refused)) verdict = 2;
     else if (refused[0]) verdict = 1;
-    if (o.ckpt_dir && comm_broadcast(cm, &verdict, sizeof verdict, 0, COMM_HOST)) verdict = 2;
-    /* --log: rank 0 writes it, and looks (verdict 3: it cannot). */
+    /* --log: rank 0 writes it, and looks too (verdict 3: it cannot). */
     int log_errno = 0;
     if (!verdict && log_path && cm->rank == 0 && !log_writable(log_path)) {
         log_errno = errno;
         verdict = 3;
     }
-    if (!verdict && log_path && comm_broadcast(cm, &verdict, sizeof verdict, 0, COMM_HOST)) verdict = 2;
+    if ((o.ckpt_dir || log_path) && comm_broadcast(cm, &verdict, sizeof verdict, 0, COMM_HOST)) verdict = 2;
     if (verdict == 3) {
         if (cm->rank == 0) fail("--log %s: cannot write it: %s", log_path, strerror(log_errno));
         comm_free(cm);

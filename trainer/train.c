@@ -425,13 +425,20 @@ static char *schedule_json(const train_options *o, int64_t step)
     return text;
 }
 
-static int save(trainer *t, const char *path, const char *url, int64_t step, int sync, saver *with)
+/* The trainer's record of the run in a checkpoint (its user JSON): the
+ * batch and where its data came from. */
+static void run_record(const trainer *t, char *out, size_t size)
 {
-    char *schedule = schedule_json(t->o, step), user[256];
-    snprintf(user, sizeof user,
+    snprintf(out, size,
              "{\"global_batch\":%lld,\"micro_batch\":%lld,\"grad_accum\":%lld,\"seq\":%lld,\"data\":\"%s\"}",
              (long long)t->global_batch, (long long)t->o->micro_batch, (long long)t->o->grad_accum,
              (long long)t->model->T, t->o->data ? "files" : "synthetic");
+}
+
+static int save(trainer *t, const char *path, const char *url, int64_t step, int sync, saver *with)
+{
+    char *schedule = schedule_json(t->o, step), user[256];
+    run_record(t, user, sizeof user);
     save_state state = {step, t->consumed, schedule, user, t->o->seed};
     int status = saver_start(with ? with : t->saver, path, url, &state, sync);
     cJSON_free(schedule);
@@ -582,25 +589,21 @@ static int set_up(trainer *t)
     return comm_agree(c, status, "setting up");
 }
 
-/* Loads the newest checkpoint of --ckpt-dir when --resume finds one (then
- * *loaded is 1), else leaves the model as it is. */
-/* A number of a saved JSON object, or NAN. */
-static double saved_number(const cJSON *o, const char *key)
+/* Appends ", WHAT NOW (was THEN)" to text where key of the saved object
+ * differs from this launch's (a key the checkpoint lacks: nothing said). */
+static void note_change(char *text, size_t size, const char *what, const cJSON *now, const cJSON *then,
+                        const char *key)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
-}
-
-/* Appends ", WHAT NOW (was THEN)" to text where a saved setting differs
- * from this launch's. */
-static void note_change(char *text, size_t size, const char *what, double now, double then)
-{
-    if (isnan(then) || fabs(now - then) <= 1e-12 * fmax(fabs(now), fabs(then))) return;
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(now, key), *b = cJSON_GetObjectItemCaseSensitive(then, key);
+    if (!cJSON_IsNumber(a) || !cJSON_IsNumber(b)) return;
+    double x = a->valuedouble, y = b->valuedouble;
+    if (fabs(x - y) <= 1e-12 * fmax(fabs(x), fabs(y))) return;
     size_t n = strlen(text);
-    snprintf(text + n, size - n, "%s%s %g (was %g)", n ? ", " : "", what, now, then);
+    snprintf(text + n, size - n, "%s%s %g (was %g)", n ? ", " : "", what, x, y);
 }
 
-/* What the checkpoint resumed was trained with against this launch: a
+/* What the checkpoint resumed was trained with (its schedule and the
+ * trainer's record of the run) against what this launch would save: a
  * launch that forgot --data would train the run's weights on synthetic
  * data (refused); one with another schedule or global batch is said (the
  * run goes on with this launch's: extending --steps stretches the cosine,
@@ -608,7 +611,11 @@ static void note_change(char *text, size_t size, const char *what, double now, d
 static int compare_settings(trainer *t, const load_result *loaded)
 {
     const train_options *o = t->o;
+    char *schedule_text = schedule_json(o, 0), record[256];
+    run_record(t, record, sizeof record);
     cJSON *run = cJSON_Parse(loaded->run_json), *schedule = cJSON_Parse(loaded->schedule_json);
+    cJSON *run_now = cJSON_Parse(record), *schedule_now = cJSON_Parse(schedule_text);
+    cJSON_free(schedule_text);
     const cJSON *data = cJSON_GetObjectItemCaseSensitive(run, "data");
     int status = TP_OK;
     if (!o->data && cJSON_IsString(data) && !strcmp(data->valuestring, "files"))
@@ -616,13 +623,11 @@ static int compare_settings(trainer *t, const load_result *loaded)
                          "it would train the run's weights on synthetic data from here on; give --data (the run's files)",
                          loaded->path);
     char changed[1024] = "";
-    note_change(changed, sizeof changed, "--lr", o->lr, saved_number(schedule, "lr"));
-    note_change(changed, sizeof changed, "--min-lr", o->min_lr >= 0 ? o->min_lr : o->lr / 10,
-                saved_number(schedule, "min_lr"));
-    note_change(changed, sizeof changed, "--warmup", (double)(o->warmup >= 0 ? o->warmup : o->steps / 10),
-                saved_number(schedule, "warmup"));
-    note_change(changed, sizeof changed, "--steps", (double)o->steps, saved_number(schedule, "total_steps"));
-    note_change(changed, sizeof changed, "global batch", (double)t->global_batch, saved_number(run, "global_batch"));
+    note_change(changed, sizeof changed, "--lr", schedule_now, schedule, "lr");
+    note_change(changed, sizeof changed, "--min-lr", schedule_now, schedule, "min_lr");
+    note_change(changed, sizeof changed, "--warmup", schedule_now, schedule, "warmup");
+    note_change(changed, sizeof changed, "--steps", schedule_now, schedule, "total_steps");
+    note_change(changed, sizeof changed, "global batch", run_now, run, "global_batch");
     if (!status && o->data && cJSON_IsString(data) && !strcmp(data->valuestring, "synthetic")) {
         size_t n = strlen(changed);
         snprintf(changed + n, sizeof changed - n, "%stoken files (was synthetic data)", n ? ", " : "");
@@ -635,9 +640,13 @@ static int compare_settings(trainer *t, const load_result *loaded)
     }
     cJSON_Delete(run);
     cJSON_Delete(schedule);
+    cJSON_Delete(run_now);
+    cJSON_Delete(schedule_now);
     return status;
 }
 
+/* Loads the newest checkpoint of --ckpt-dir when --resume finds one (then
+ * *loaded is 1), else leaves the model as it is. */
 static int resume(trainer *t, int64_t *start_step, int *loaded_one)
 {
     const train_options *o = t->o;
