@@ -174,12 +174,16 @@ int cli_error(const char *program, const char *fmt, ...)
     return 1;
 }
 
-int cli_surely_missing(const char *path)
+void cli_check_true_vocab(const char *program, int64_t true_vocab, const checkpoint_format *format, const char *path,
+                          const char *what)
 {
+    if (true_vocab <= 0 || format->pads_vocabulary) return;
     const store_ops *store;
     int exists = 1;
     if (store_for(path, &store) == TP_OK && store_exists(store, path, &exists) != TP_OK) exists = 1;
-    return !exists;
+    if (exists)
+        cli_usage_error(program, "--true-vocab-size applies to a Megatron checkpoint (legacy or torch_dist), not to %s (%s)",
+                        path, what ? what : format->title);
 }
 
 const char *cli_rejected_option(char *const argv[])

@@ -7,6 +7,7 @@
 #include <getopt.h>
 
 #include "../common/parse.h"
+#include "../formats/registry.h"
 #include "../model/gpt.h"
 #include "../reshard/reshard.h"
 
@@ -62,18 +63,23 @@ enum {
         {"device", required_argument, 0, CLI_TRAIN_DEVICE}, {"ckpt-cache", required_argument, 0, CLI_TRAIN_CKPT_CACHE}, \
         {"kernel-times", no_argument, 0, CLI_TRAIN_KERNEL_TIMES}, {"share-gpus", no_argument, 0, CLI_TRAIN_SHARE_GPUS}
 
-/* How the model options read in --help. */
-#define CLI_MODEL_USAGE                                                                                                \
+/* How the model options read in --help; DTYPES, the dtypes the program
+ * takes ("fp32|bf16|fp16": tp-train trains in fp32 or bf16 only). */
+#define CLI_MODEL_USAGE(DTYPES)                                                                                        \
     "model:     --model tiny|small|gpt2-124m|llama-tiny|smollm2-135m|tinyllama-1.1b|llama-3.2-1b,\n"                 \
     "           or [--arch gpt|llama] --layers L --dim D --heads H --vocab V --seq S; refined by\n"                     \
     "           [--ffn F (GPT 4D, Llama 8D/3 to 256)] [--kv-heads K (H)] [--swiglu] [--vocab-pad-multiple N (1)]\n"   \
-    "           [--dtype fp32|bf16|fp16]; Llama: [--tied-embeddings|--untied-embeddings (untied)]\n"                  \
+    "           [--dtype " DTYPES "]; Llama: [--tied-embeddings|--untied-embeddings (untied)]\n"                       \
     "           [--norm-eps E (1e-5)] [--rope-theta T (10000)] [--rope-scaling FACTOR[,LOW,HIGH,ORIGINAL] (Llama 3)]\n"
 
-/* Whether path surely names nothing (a store that answered so): an option
- * that a missing checkpoint's format would refuse is then left to the
- * open's "no such checkpoint", not refused naming the fallback format. */
-int cli_surely_missing(const char *path);
+/* --true-vocab-size N (true_vocab > 0) given for the source at path: a
+ * usage error unless its format pads a vocabulary (a Megatron checkpoint's);
+ * `what` names what path is ("a Hugging Face directory"; NULL: the
+ * format's title). A path that surely names nothing (a store that answered
+ * so) is left to the open's "no such checkpoint", not refused naming the
+ * format a missing path falls back to. */
+void cli_check_true_vocab(const char *program, int64_t true_vocab, const checkpoint_format *format, const char *path,
+                          const char *what);
 
 /* The command-line word getopt just rejected (an unknown option, or one
  * missing its value), for a one-line message; set opterr = 0 before parsing. */

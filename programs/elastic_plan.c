@@ -19,7 +19,7 @@ static const char plan_usage[] =
     "usage: tp-elastic plan --world N (--ckpt DIR | model flags) --global-batch B [options]\n"
     "Lists every (tp, pp) for N ranks: dp, micro-batch x accumulation (keeping the global batch B exactly),\n"
     "memory per rank and bytes sent per step, or why it is not valid; then the layout it picks and why.\n"
-    "\n" CLI_MODEL_USAGE
+    "\n" CLI_MODEL_USAGE("fp32|bf16|fp16")
     "           --ckpt DIR: the model (and the current layout) of a checkpoint or run directory instead\n"
     "           (this toolkit's, a Megatron checkpoint, or a DCP checkpoint naming this toolkit's model)\n"
     "options:   --micro-batch M (8: the largest to use) --ranks-per-node G (TP stays within a node)\n"

@@ -1027,7 +1027,7 @@ static int cmd_synth(int argc, char **argv)
         case 'h':
             printf("usage: tp-ckpt synth -o DIR --tp T --pp P [model options] [--optim] [--seed N] [--step N]\n"
                    "        [--compress zstd[:LEVEL]|none] [--threads N] [--force] [--progress]\n"
-                   CLI_MODEL_USAGE
+                   CLI_MODEL_USAGE("fp32|bf16|fp16")
                    "Writes a GPT-style checkpoint whose values depend only on the seed and each\n"
                    "element's global index (docs/TOOLS.md), so any two layouts are logically equal.\n");
             return 0;
@@ -1166,9 +1166,7 @@ static int cmd_export(int argc, char **argv)
     int code = 0;
     const checkpoint_format *source_format = detect_or_fail(argv[optind], &code);
     if (!source_format) return code;
-    if (true_vocab && !source_format->pads_vocabulary && !cli_surely_missing(argv[optind]))
-        die_usage("--true-vocab-size applies to a Megatron checkpoint (legacy or torch_dist), not to %s (%s)", argv[optind],
-                  source_format->title);
+    cli_check_true_vocab("tp-ckpt", true_vocab, source_format, argv[optind], NULL);
     ckpt_read_options read;
     ckpt_read_options_init(&read);
     read.verify = 1;
@@ -1375,9 +1373,7 @@ static int cmd_import(int argc, char **argv)
     if (megatron && shape_given)
         die_usage("--dtype and --vocab-pad-multiple apply to a Hugging Face directory (a Megatron checkpoint keeps "
                   "its dtype and padding)");
-    if (!format->pads_vocabulary && true_vocab && !cli_surely_missing(dir))
-        die_usage("--true-vocab-size applies to a Megatron checkpoint (legacy or torch_dist), not to %s (%s)", dir,
-                  strcmp(format->name, "tp") ? format->title : "a Hugging Face directory");
+    cli_check_true_vocab("tp-ckpt", true_vocab, format, dir, strcmp(format->name, "tp") ? NULL : "a Hugging Face directory");
     if (megatron) return import_megatron(dir, format, out, request.tp, request.pp, true_vocab, &options, force_progress);
     if ((code = run_output_refused(out, 0, 1))) return code; /* a Hugging Face model starts at step 0 */
     gpt_import *job = NULL;

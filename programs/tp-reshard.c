@@ -380,9 +380,7 @@ int main(int argc, char **argv)
      * 28); `tp-ckpt verify` checks it. */
     const checkpoint_format *format;
     if (formats_detect(cli_path("tp-reshard", "the source's path", argv[optind]), &format)) return fail("%s", tp_errmsg());
-    if (true_vocab && !format->pads_vocabulary && !cli_surely_missing(argv[optind]))
-        die_usage("--true-vocab-size applies to a Megatron source (legacy or torch_dist), not to %s (%s)", argv[optind],
-                  format->title);
+    cli_check_true_vocab("tp-reshard", true_vocab, format, argv[optind], NULL);
     ckpt_read_options read;
     ckpt_read_options_init(&read);
     read.through_index = 1;

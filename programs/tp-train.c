@@ -35,7 +35,7 @@ static const char *usage_text =
     "       [mpirun -np N] tp-train eval --ckpt CKPT --data FILE [options]   loss on token windows\n"
     "       tp-train generate --ckpt CKPT --prompt TEXT [options]            sample text\n"
     "\n"
-    CLI_MODEL_USAGE
+    CLI_MODEL_USAGE("fp32|bf16")
     "           (trains GPT-2: pre-LayerNorm, GELU, tied output; or Llama: RMSNorm, rotary positions, SwiGLU,\n"
     "           grouped-query attention, tied or untied output; --dtype fp32, or bf16: mixed precision,\n"
     "           matrix products with bf16 operands and fp32 sums, fp32 weights, optimizer and checkpoints)\n"

@@ -117,7 +117,7 @@ expect_error "import --true-vocab-size of a Hugging Face directory" 2 \
     "^tp-ckpt: --true-vocab-size applies to a Megatron checkpoint \(legacy or torch_dist\), not to .*hf \(a Hugging Face directory\)" \
     "$CK" import "$WORK/hf" -o "$WORK/x" --tp 1 --pp 1 --true-vocab-size 200
 expect_error "tp-reshard --true-vocab-size of a PyTorch distributed checkpoint" 2 \
-    "^tp-reshard: --true-vocab-size applies to a Megatron source \(legacy or torch_dist\), not to .*dcp/cols2 \(PyTorch distributed checkpoint\)" \
+    "^tp-reshard: --true-vocab-size applies to a Megatron checkpoint \(legacy or torch_dist\), not to .*dcp/cols2 \(PyTorch distributed checkpoint\)" \
     "$BIN/tp-reshard" "$ROOT/tests/data/dcp/cols2" --to tp1 -o "$WORK/x" --true-vocab-size 200
 check "nothing written for it" [ ! -e "$WORK/x" ]
 for program in "$CK export" "$BIN/tp-reshard"; do
