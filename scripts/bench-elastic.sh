@@ -33,12 +33,21 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_va
 rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
 . tests/support/slurm.sh
-# Whatever ends the run: no fault watcher left polling, and the Slurm
-# cluster, if one was started, stopped (a start that failed half-way too).
-watcher="" slurm_started=""
+# Whatever ends the run: no fault watcher left polling, no launcher left
+# running (salloc or tp-elastic, which stop their ranks on SIGTERM), and the
+# Slurm cluster, if one was started, stopped (a start that failed half-way
+# too). The launcher runs in the background with a wait: a shell runs its
+# trap only after a foreground command ends, so an interrupted bench would
+# first wait for a whole recovery run, or leave it running when killed.
+watcher="" launcher="" slurm_started=""
 cleanup() {
     set +e
     [ -z "$watcher" ] || kill "$watcher" 2>/dev/null
+    if [ -n "$launcher" ]; then
+        pkill -TERM -P "$launcher" 2>/dev/null
+        kill -TERM "$launcher" 2>/dev/null
+        wait "$launcher" 2>/dev/null
+    fi
     [ -z "$slurm_started" ] || slurm_stop
 }
 trap cleanup EXIT
@@ -70,13 +79,16 @@ recovery() {
     if [ "$launcher" = srun ]; then
         slurm_alloc 2 "$BIN/tp-elastic" run --ckpt-dir "$run" --ranks-per-node 2 $options \
             -- "$BIN/tp-train" $model --quiet --global-batch 12 --micro-batch 1 --steps "$steps" --ckpt-every "$every" \
-            $train_fault >"$run.out" 2>&1
+            $train_fault >"$run.out" 2>&1 &
     else
         echo 4 >"$run.world"
         "$BIN/tp-elastic" run --ckpt-dir "$run" --world-file "$run.world" $options \
             -- "$BIN/tp-train" $model --quiet --global-batch 12 --micro-batch 1 --steps "$steps" --ckpt-every "$every" \
-            $train_fault >"$run.out" 2>&1
+            $train_fault >"$run.out" 2>&1 &
     fi
+    launcher=$!
+    wait "$launcher" # its failure ends the bench (set -e), as in the foreground
+    launcher=""
     if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null || true; wait "$watcher" 2>/dev/null || true; watcher=""; fi
     # Slurm's helpers are written for shells without set -e (a count of 0
     # from grep -c would end them): called in a list, where it does not apply.

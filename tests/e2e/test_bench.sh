@@ -146,6 +146,21 @@ else
     echo "[$NAME] SKIP: bench-llama: python3-torch is not installed"
 fi
 bench bench-elastic
+# Stopped mid-run (SIGTERM to the script alone, as a job scheduler's kill
+# sends it), it stops its launcher and the ranks with it: before, the shell
+# ran its trap only when the whole recovery run had ended.
+rm -rf "$BENCH_SCRATCH/elastic"
+BENCH_ROWS=tiny-shrink BENCH_TINY_STEPS="4000 50 3000" "$ROOT/scripts/bench-elastic.sh" >"$WORK/.out" 2>"$WORK/.err" &
+bench_pid=$!
+run_log="$BENCH_SCRATCH/elastic/tiny-shrink/elastic/train.jsonl"
+waited=0
+until grep -q '"step":1,' "$run_log" 2>/dev/null || [ $waited -ge 600 ]; do sleep 0.1; waited=$((waited + 1)); done
+kill -TERM "$bench_pid"
+RC=0
+wait "$bench_pid" || RC=$?
+check_all "bench-elastic stopped by SIGTERM mid-run: exit 1, its run stopped before its last step, no rank left" \
+    '[ "$RC" -eq 1 ] && ! grep -q "\"step\":4000," "$run_log" &&
+     ! ps -eo args | grep -v grep | grep -q "$BENCH_SCRATCH/elastic"'
 bench bench-parallel
 check "bench-parallel: the interleaved schedule's section, with a table of numbers" has_table bench-pipeline
 check "bench-parallel: the ZeRO section, with a table of numbers" has_table bench-zero
