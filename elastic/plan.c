@@ -19,6 +19,7 @@
 #include "../common/dtype.h"
 #include "../common/error.h"
 #include "../kernels/kernels.h"
+#include "../trainer/model.h"
 #include "../trainer/schedule.h"
 #include "plan.h"
 
@@ -258,7 +259,8 @@ static int64_t micro_batch_floats(const gpt_config *m, int tp, int chunks, int64
 static int64_t head_floats(const gpt_config *m, int tp, int64_t b, int64_t vocab_local, int sequence_parallel)
 {
     int64_t N = b * m->seq, R = sequence_parallel ? N / tp : N;
-    return bf16_activation_floats(m, R * m->dim) + 2 * R + bf16_activation_floats(m, N * vocab_local) + 4 * N;
+    return gpt_head_buffer_floats(bf16_activation_floats(m, R * m->dim)) + 2 * gpt_head_buffer_floats(R) +
+           gpt_head_buffer_floats(bf16_activation_floats(m, N * vocab_local)) + 4 * gpt_head_buffer_floats(N);
 }
 
 /* fp32 elements of the backward pass's working memory, once per rank: the

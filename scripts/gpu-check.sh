@@ -217,13 +217,16 @@ EOF
 # kernels beside the tiled ones), into LOG, the tables in the summary. About
 # 35 s, at most 90: first in the bench and profile phases.
 kernel_times() {
-    (LIMIT=90 && in_pack "$1" sh -c 'for run in bf16 fp32 fp32:tf32x3; do
+    # A run that fails is said and the next still runs (each answers its own question).
+    (LIMIT=90 && in_pack "$1" sh -c 'failed=0
+        for run in bf16 fp32 fp32:tf32x3; do
             dtype=${run%%:*} attention=${run#"$dtype"}
             attention=${attention#:}
             echo "== --dtype $dtype${attention:+ TP_CUDA_ATTENTION=$attention}"
             TP_CUDA_ATTENTION=$attention build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 --steps 4 \
-                --device cuda --dtype $dtype --kernel-times || exit 1
-        done')
+                --device cuda --dtype $dtype --kernel-times || { echo "== $run: exit $?"; failed=1; }
+        done
+        exit $failed')
     say "kernel times: exit $?"
     sed -n '/^== --dtype/p; /^kernel times on/,/^  step /p' "$OUTDIR/$1" | tee -a "$SUMMARY"
 }
@@ -239,12 +242,14 @@ kernel_times() {
 # and 10.66, gradient norms 0.85 and 14.7: nondeterminism amplified, or a
 # defect? About 30 s, at most 80.
 repeatability() {
-    (LIMIT=80 && in_pack "$1" sh -c 'for run in bf16-a bf16-b bf16 fp32; do
+    (LIMIT=80 && in_pack "$1" sh -c 'failed=0
+        for run in bf16-a bf16-b bf16 fp32; do
             dtype=bf16; [ $run = fp32 ] && dtype=fp32
             deterministic=0; [ $run = bf16-a ] || [ $run = bf16-b ] && deterministic=1
             TP_CUDA_DETERMINISTIC=$deterministic build/bin/tp-train --model gpt2-124m --seq 1024 --micro-batch 4 \
-                --steps 200 --device cuda --dtype $dtype --quiet --log "$0/$run.jsonl" || exit 1
-        done' "$DEST")
+                --steps 200 --device cuda --dtype $dtype --quiet --log "$0/$run.jsonl" || { echo "== $run: exit $?"; failed=1; }
+        done
+        exit $failed' "$DEST")
     say "repeatability: exit $?"
     "$PYTHON" - "$DEST" <<'EOF2' | tee -a "$OUTDIR/$1" "$SUMMARY"
 import json, os, sys
@@ -256,9 +261,11 @@ for run in runs:
         steps[run] = {x["step"]: x for x in map(json.loads, open(path)) if "event" not in x}
 print("  bf16-a, bf16-b: TP_CUDA_DETERMINISTIC=1; bf16: cuDNN's default backward")
 print("  step | " + " | ".join("%s loss, norm" % r for r in runs))
+def value(x, places):
+    return "nan" if x is None else "%.*f" % (places, x)  # tp-train logs a NaN as null
 for step in (1, 2, 25, 50, 75, 100, 125, 150, 175, 200):
-    cells = ["%.6f, %.3f" % (steps[r][step]["loss"], steps[r][step]["grad_norm"]) if step in steps.get(r, {}) else "-"
-             for r in runs]
+    cells = ["%s, %s" % (value(steps[r][step]["loss"], 6), value(steps[r][step]["grad_norm"], 3))
+             if step in steps.get(r, {}) else "-" for r in runs]
     print("  %4d | %s" % (step, " | ".join(cells)))
 a, b = steps.get("bf16-a", {}), steps.get("bf16-b", {})
 same = [s for s in a if s in b and (a[s]["loss"], a[s]["grad_norm"]) == (b[s]["loss"], b[s]["grad_norm"])]

@@ -280,9 +280,9 @@ static int64_t slot_floats(const gpt_model *m, int64_t *ints)
 static int64_t head_floats(const gpt_model *m)
 {
     int64_t N = m->B * m->T;
-    return m->is_last ? activation_floats(m, m->rows * m->D) + 2 * m->rows + activation_floats(m, N * m->vocab_local) +
-                            4 * N
-                      : 0;
+    if (!m->is_last) return 0;
+    return gpt_head_buffer_floats(activation_floats(m, m->rows * m->D)) + 2 * gpt_head_buffer_floats(m->rows) +
+           gpt_head_buffer_floats(activation_floats(m, N * m->vocab_local)) + 4 * gpt_head_buffer_floats(N);
 }
 
 /* Carves head `index`'s buffers out of the heads' allocation (elastic/plan.c
@@ -292,7 +292,7 @@ static int head_init(gpt_model *m, int index)
     gpt_head *h = &m->heads[index];
     int64_t N = m->B * m->T, R = m->rows;
     float *p = m->head_memory + index * head_floats(m);
-#define CARVE(field, count) (h->field = p, p += (count))
+#define CARVE(field, count) (h->field = p, p += gpt_head_buffer_floats(count))
     CARVE(lnf, activation_floats(m, R * m->D));
     CARVE(lnf_mean, R);
     CARVE(lnf_rstd, R);

@@ -53,7 +53,13 @@ typedef struct {
  * max, sum and target logit [B*T] each, and their host copies (the same on the CPU), and this rank's own
  * row max [B*T] (before the max over tensor-parallel ranks). Fewer are in
  * flight than slots with the interleaved schedule, so they are a pool of
- * their own. */
+ * their own. Each buffer starts at a multiple of 16 bytes (its floats
+ * rounded up by gpt_head_buffer_floats): the device's cross-entropy kernels
+ * move a row's logits 16 bytes at a time only from such a start. */
+static inline int64_t gpt_head_buffer_floats(int64_t count)
+{
+    return (count + 3) / 4 * 4;
+}
 typedef struct {
     void *lnf; /* an activation: fp32, or bf16 bits with bf16 (gpt_model.bf16) */
     void *logits;

@@ -472,7 +472,14 @@ static int64_t head_floats_of(const gpt_model *m)
 {
     if (!m->is_last) return 0;
     const gpt_head *h = &m->heads[0];
-    return h->local_max + m->B * m->T - (const float *)h->lnf; /* local_max is carved last (trainer/model.c head_init) */
+    /* Each buffer starts at 16 bytes (the device's 16-byte loads of a row of logits need it) */
+    const void *buffers[] = {h->lnf, h->lnf_mean, h->lnf_rstd, h->logits, h->row_max, h->row_sum, h->target_logit,
+                             h->local_max};
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++)
+        cr_assert_eq((uintptr_t)buffers[i] % 16, 0, "the head's buffer %zu starts %zu bytes past 16", i,
+                     (size_t)((uintptr_t)buffers[i] % 16));
+    /* local_max is carved last (trainer/model.c head_init), its floats rounded up as the others' */
+    return h->local_max + gpt_head_buffer_floats(m->B * m->T) - (const float *)h->lnf;
 }
 
 /* What rank (stage, tp rank 0) of (tp, pp) with V virtual stages and
