@@ -25,6 +25,33 @@ int tp_path_join(char *out, const char *dir, const char *name)
     return TP_OK;
 }
 
+/* A URL's path (from its first '/', single slashes) with its "." and ".."
+ * segments taken, in place (RFC 3986 5.2.4): what curl sends for it and a
+ * server resolves, so that the names a store compares are those it is sent.
+ * ".." at the root stays at the root; a path ending in a dot segment ends
+ * with '/'. */
+static void remove_dot_segments(char *path)
+{
+    char *out = path, *in = path;
+    while (*in == '/') {
+        const char *segment = in + 1;
+        size_t length = strcspn(segment, "/");
+        int last = segment[length] == '\0';
+        if (length == 1 && segment[0] == '.') {
+            if (last) *out++ = '/';
+        } else if (length == 2 && segment[0] == '.' && segment[1] == '.') {
+            while (out > path && *--out != '/') {
+            }
+            if (last) *out++ = '/';
+        } else {
+            memmove(out, in, length + 1); /* the '/' and the segment */
+            out += length + 1;
+        }
+        in += length + 1;
+    }
+    *out = '\0';
+}
+
 int tp_path_canonical(const char *path, char *out, size_t size)
 {
     const char *scheme = tp_path_is_url(path) ? strstr(path, "://") + 3 : path;
@@ -38,6 +65,10 @@ int tp_path_canonical(const char *path, char *out, size_t size)
         out[n++] = *c;
     }
     out[n] = '\0';
+    if (kept > 0) {
+        char *url_path = strchr(out + kept, '/');
+        if (url_path) remove_dot_segments(url_path);
+    }
     return TP_OK;
 }
 
@@ -108,11 +139,68 @@ int tp_path_is_url(const char *path)
     return url;
 }
 
+static int hex_value(char c)
+{
+    return isdigit((unsigned char)c) ? c - '0' : tolower((unsigned char)c) - 'a' + 10;
+}
+
+/* Whether an authority's host (lowercased) names this machine's loopback. */
+static int loopback_host(const char *host, size_t length)
+{
+    if ((length == 9 && !memcmp(host, "localhost", 9)) || (length == 5 && !memcmp(host, "[::1]", 5))) return 1;
+    if (length < 4 || memcmp(host, "127.", 4)) return 0;
+    for (size_t i = 4; i < length; i++)
+        if (!isdigit((unsigned char)host[i]) && host[i] != '.') return 0;
+    return 1;
+}
+
+/* A URL in the form two spellings of one location share, for comparing:
+ * canonical (single slashes, dot segments taken), scheme and host
+ * lowercased, user information dropped, a loopback host as "localhost", the
+ * scheme's default port dropped, and escapes of unreserved characters
+ * decoded ("%73rc" is "src" to a server), the others' hex uppercased. */
+static int url_comparable(const char *url, char *out, size_t size)
+{
+    char canonical[TP_PATH_MAX], host[TP_PATH_MAX];
+    TP_TRY(tp_path_canonical(url, canonical, sizeof canonical));
+    char *authority = strstr(canonical, "://") + 3, *after = authority + strcspn(authority, "/?#");
+    char *at = memchr(authority, '@', (size_t)(after - authority));
+    char *start = at ? at + 1 : authority, *colon = NULL; /* host[:port]; an IPv6 host in brackets */
+    for (char *c = start; c < after; c++) colon = *c == ':' ? c : *c == ']' ? NULL : colon;
+    size_t host_length = (size_t)((colon ? colon : after) - start);
+    for (size_t i = 0; i < host_length; i++) host[i] = (char)tolower((unsigned char)start[i]);
+    host[host_length] = '\0';
+    for (char *c = canonical; c < authority; c++) *c = (char)tolower((unsigned char)*c);
+    authority[-3] = '\0'; /* canonical: the scheme alone */
+    const char *port = colon ? colon + 1 : after;
+    int port_length = (int)(after - port);
+    if ((!strcmp(canonical, "http") && port_length == 2 && !memcmp(port, "80", 2)) ||
+        (!strcmp(canonical, "https") && port_length == 3 && !memcmp(port, "443", 3)))
+        port_length = 0;
+    size_t n = (size_t)snprintf(out, size, "%s://%s%s%.*s", canonical, loopback_host(host, host_length) ? "localhost" : host,
+                                port_length ? ":" : "", port_length, port);
+    for (const char *c = after; *c && n + 3 < size; c++) {
+        if (c[0] == '%' && isxdigit((unsigned char)c[1]) && isxdigit((unsigned char)c[2])) {
+            char decoded = (char)(hex_value(c[1]) * 16 + hex_value(c[2]));
+            if (isalnum((unsigned char)decoded) || strchr("-._~", decoded)) out[n++] = decoded;
+            else out[n++] = '%', out[n++] = (char)toupper((unsigned char)c[1]), out[n++] = (char)toupper((unsigned char)c[2]);
+            c += 2;
+        } else out[n++] = *c;
+    }
+    if (n + 3 >= size) return tp_fail(TP_ERR_ARG, "URL '%s' is too long", url);
+    out[n] = '\0';
+    return TP_OK;
+}
+
 int tp_path_within(const char *path, const char *outer, int *within)
 {
     *within = 0;
     if (tp_path_is_url(path) || tp_path_is_url(outer)) {
-        *within = tp_path_is_url(path) && tp_path_is_url(outer) && lies_within(path, outer);
+        if (!tp_path_is_url(path) || !tp_path_is_url(outer)) return TP_OK;
+        char a[TP_PATH_MAX], b[TP_PATH_MAX];
+        TP_TRY(url_comparable(path, a, sizeof a));
+        TP_TRY(url_comparable(outer, b, sizeof b));
+        *within = lies_within(a, b);
         return TP_OK;
     }
     char inner[2][TP_PATH_MAX], around[2][TP_PATH_MAX];

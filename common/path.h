@@ -13,8 +13,10 @@
 int tp_path_join(char *out, const char *dir, const char *name);
 
 /* path with every run of '/' after a URL's scheme ("s3://", "http://")
- * made one, into out (size bytes): "s3://b/run//step/" -> "s3://b/run/step/".
- * A trailing slash is kept (a WebDAV collection is named with one). The
+ * made one, and a URL's "." and ".." segments taken (as curl sends it), into
+ * out (size bytes): "s3://b/run//step/" -> "s3://b/run/step/",
+ * "http://h/z/./out" -> "http://h/z/out"; a local path's dot segments are
+ * left to the system. A trailing slash is kept (a WebDAV collection is named with one). The
  * object stores send requests for this form, so that a location given with
  * trailing slashes, and what callers join to it, name the same objects as
  * without. TP_ERR_ARG when it does not fit. */
@@ -35,8 +37,10 @@ int tp_path_is_url(const char *path);
  * does not exist yet (an output) is placed by its parent: the parent
  * resolved, then its name. Both the entry and, when it is a link, where it
  * points count: within if either lies in outer, resolved the same ways. A
- * URL is compared as text with another URL (trailing '/' aside); a URL and a
- * local path never overlap. *within is 0 when outer does not exist. TP_OK,
+ * URL is compared with another in the form two spellings of one location
+ * share (canonical, scheme and host in lowercase, a loopback host by one
+ * name, no default port or user information, unreserved escapes decoded);
+ * a URL and a local path never overlap. *within is 0 when outer does not exist. TP_OK,
  * or TP_ERR_ARG / TP_ERR_IO when a path cannot be resolved. */
 int tp_path_within(const char *path, const char *outer, int *within);
 

@@ -2,7 +2,7 @@
  * written inside its input": paths resolved as the system would (links
  * followed, "." and ".."), an output that does not exist yet placed by its
  * parent, a link counted both where it stands and where it leads, URLs
- * compared as text, a sibling whose name merely starts the same not inside. */
+ * compared by location (not spelling), a sibling whose name merely starts the same not inside. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +92,38 @@ Test(path, urls_as_text)
     cr_assert_eq(within("ckpt/x", "s3://b/run"), 0);
 }
 
+/* Two spellings of one location are one location: `tp-reshard URL -o
+ * URL' --force` replaced its input when URL' was URL spelled with "//",
+ * another name of the loopback host, a dot segment or an escape. */
+Test(path, urls_spelled_otherwise)
+{
+    const char *same[][2] = {
+        {"http://127.0.0.1:8080//y/src", "http://127.0.0.1:8080/y/src"},
+        {"http://localhost:8080/y/src", "http://127.0.0.1:8080/y/src"},
+        {"http://127.0.0.2:8080/y/src", "http://[::1]:8080/y/src"},
+        {"HTTP://LocalHost:8080/y/src", "http://127.0.0.1:8080/y/src"},
+        {"http://h/x/%73rc", "http://h:80/x/src"},
+        {"https://h:443/x/src", "https://H/x/src"},
+        {"http://h/x/../x/./src", "http://h/x/src"},
+        {"http://user@h/x/src/step_1", "http://h/x/src"},
+        {"s3://b/run/./step_1/../step_2/x", "s3://b/run"},
+        {"http://h/x/sp%2fc/d", "http://h/x/sp%2Fc"},
+    };
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+        cr_assert_eq(within(same[i][0], same[i][1]), 1, "%s within %s", same[i][0], same[i][1]);
+    const char *apart[][2] = {
+        {"http://h:8081/y/src", "http://h:8080/y/src"},   /* another port */
+        {"https://h/y/src", "http://h/y/src"},            /* another scheme */
+        {"http://h2/y/src", "http://h/y/src"},            /* another host */
+        {"http://h/y/src2", "http://h/y/src"},            /* a sibling */
+        {"http://h/y/../src", "http://h/y/src"},          /* /src */
+        {"http://h/x/sp%2Fc", "http://h/x/sp"},           /* an escaped '/' is no separator */
+        {"http://128.0.0.1/y/src", "http://localhost/y/src"},
+    };
+    for (size_t i = 0; i < sizeof apart / sizeof apart[0]; i++)
+        cr_assert_eq(within(apart[i][0], apart[i][1]), 0, "%s within %s", apart[i][0], apart[i][1]);
+}
+
 /* A directory given with trailing slashes ("run/", a URL pasted with one)
  * is the same directory: joined with one separator, never "run//name",
  * which an object store took for another key (`tp-ckpt info s3://b/run/`
@@ -125,6 +157,13 @@ Test(path, canonical_urls)
         {"http://h:1/run", "http://h:1/run"},
         {"s3://bkt", "s3://bkt"},
         {"local//dir/", "local/dir/"},
+        /* dot segments taken, as curl sends the request (a listing then names what was asked) */
+        {"http://h:1/z/./out2", "http://h:1/z/out2"},
+        {"http://h:1/x/../x/src/", "http://h:1/x/src/"},
+        {"http://h:1/x/..", "http://h:1/"},
+        {"http://h:1/..", "http://h:1/"},
+        {"s3://bkt/a/.", "s3://bkt/a/"},
+        {"local/./dir/../x", "local/./dir/../x"}, /* a local path is the system's to resolve */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cr_assert_eq(tp_path_canonical(cases[i][0], out, sizeof out), TP_OK, "%s", tp_errmsg());

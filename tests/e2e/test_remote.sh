@@ -130,6 +130,22 @@ sys.exit(not (i["step"] == 10 and i["layout"]["tp"] == 2 and i["layout"]["pp"] =
     expect_ok "the server's disk of the remote reshard verifies as a local checkpoint" "$CK" verify "$DAV/r-remote"
     expect_error "reshard to an existing remote output without --force" 1 "--force" \
         "$RS" "$WORK/local10" --to tp1pp1 -o "$U/r-remote"
+    # The input as the output spelled otherwise (another name of the host,
+    # "//", an escape, a dot segment) is the input: refused, not replaced
+    # (--force replaced it, and --verify then compared with the new copy).
+    before=$(tree_digest "$DAV/r-remote")
+    host_port=${U#http://}
+    for spelling in "http://localhost:${host_port#*:}/r-remote" "$U//r-remote" "$U/%72-remote" "$U/z/../r-remote/"; do
+        expect_error "reshard of a URL to itself spelled $spelling --force: refused" 2 "is the input .* itself" \
+            "$RS" "$U/r-remote" --to tp1pp2 -o "$spelling" --force
+    done
+    check "and the input on the server is untouched" [ "$(tree_digest "$DAV/r-remote")" = "$before" ]
+    # An output URL with a dot segment names what the server makes of it
+    # (it was refused as existing, leaving its local copy in TMPDIR).
+    expect_ok "reshard to a URL with a dot segment" "$RS" "$WORK/local10" --to tp1pp1 -o "$U/z/./dotted/../dot"
+    check_all "the server holds it where the URL resolves, no local copy left" \
+        '[ -s "$DAV/z/dot/index.json" ] && ! ls "$TMPDIR" | grep -q tp-upload'
+    expect_ok "and it verifies there" "$CK" verify "$U/z/dot"
 
     # --- 3. An existing checkpoint is refused without --force, replaced with it.
     before=$(tree_digest "$DAV")
