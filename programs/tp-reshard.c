@@ -85,7 +85,7 @@ static cJSON *plan_json(const formats_write_summary *s, ckpt_reader *source, con
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "source", ckpt_reader_path(source));
     cJSON_AddStringToObject(o, "output", out);
-    cJSON_AddItemToObject(o, "from", layout_json(ckpt_reader_layout(source)));
+    cJSON_AddItemToObject(o, "from", layout_json(ckpt_reader_saved_layout(source)));
     cJSON_AddItemToObject(o, "to", layout_json(&s->to));
     for (const cJSON *item = s->json ? s->json->child : NULL; item; item = item->next)
         cJSON_AddItemToObject(o, item->string, cJSON_Duplicate(item, 1));
@@ -393,7 +393,10 @@ int main(int argc, char **argv)
         formats_source_close(opened);
         return apart;
     }
-    const ckpt_layout *layout = ckpt_reader_layout(formats_source_reader(opened));
+    /* The layout it was saved at: another tool's checkpoint is read at tp 1
+     * (whole tensors), but --from names what its writer saved, as the
+     * summary line does. */
+    const ckpt_layout *layout = ckpt_reader_saved_layout(formats_source_reader(opened));
     if ((from_tp && from_tp != layout->tp) || (from_pp && from_pp != layout->pp) ||
         (from_chunks && from_chunks != ckpt_layout_chunks(layout))) {
         char source_layout[RESHARD_LAYOUT_TEXT_MAX];

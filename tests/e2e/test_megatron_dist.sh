@@ -56,6 +56,15 @@ check_all "info --json: format, names, 108 tensors (27 parameters, each with 3 s
 expect_ok "verify: every item's CRC-32s, every tensor read" "$CK" verify "$WORK/gpt.dist"
 
 # --------------------------------------------------------------- conversions
+# --from names the layout it was saved at (the summary's and --json's), not
+# the tp 1 it is read at: tp2pp2 was refused and tp1pp1 taken.
+expect_ok "--from the saved layout tp2pp2" "$RS" "$WORK/gpt.dist" --from tp2pp2 --to tp1 --format tp -o "$WORK/from" --json
+check "its --json names the saved layout as from" "$PY" -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["from"] == {"tp": 2, "pp": 2}, j["from"]' "$WORK/.out"
+expect_error "--from the layout it is read at: refused, naming the saved one" 1 "--from tp1 does not match .* which is tp2pp2" \
+    "$RS" "$WORK/gpt.dist" --from tp1 --to tp1 --format tp -o "$WORK/from1"
 expect_error "a torch_dist source is written as torch_dist by default; at tp4 its vocabulary padded for tp2 is refused" 1 \
     "padded vocabulary of 224 rows is not a multiple of 16 x tp 4" "$RS" "$WORK/gpt.dist" --to tp4 -o "$WORK/x"
 expect_ok "torch_dist -> this toolkit's format tp4pp2, Adam state included, verified" "$RS" "$WORK/gpt.dist" \
