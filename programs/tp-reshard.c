@@ -216,7 +216,18 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
     if (formats_write_plan_create(opened, format, options, &plan)) return fail("%s", tp_errmsg());
     const formats_write_summary *s = formats_write_plan_summary(plan);
     char default_out[4200];
+    int named = out != NULL;
     out = output_path(out, formats_source_name(opened), &s->to, default_out, sizeof default_out);
+    int same = 0;
+    if (!named && !tp_path_within(out, formats_source_name(opened), &same) && same) {
+        /* A source named after the target layout (ckpt_tp2pp2 --to tp2pp2):
+         * its default output is itself, which --force would not change. */
+        char layout[RESHARD_LAYOUT_TEXT_MAX];
+        reshard_layout_text(&s->to, layout);
+        formats_write_plan_free(plan);
+        cli_usage_error("tp-reshard", "the default output, %s, is the input itself (named after %s already): give -o OUT",
+                        out, layout);
+    }
     if (dry_run) {
         /* The plan of a run that would be refused is refused as that run. */
         if (ckpt_output_check(out, options->reshard.overwrite, format->writer->may_replace, NULL)) {

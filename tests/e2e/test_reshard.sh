@@ -171,6 +171,12 @@ expect_error "the output is the input" 2 "the output .*/tp4 is the input .*/tp4 
     "$RS" "$WORK/tp4" --to tp2 -o "$WORK/tp4" --force
 check_all "the source is left as it was, with no stray entry" \
     '[ "$(tree_digest "$WORK/tp4")" = "$BEFORE" ] && [ -z "$(ls -A "$WORK/tp4" | grep -v "^index.json$\|^shard_")" ]'
+# A source named after its layout, resharded to that layout without -o: the
+# default output is the input (it suggested --force, which then failed).
+cp -r "$WORK/tp4" "$WORK/m_tp4pp2"
+expect_error "the default output is the input: a usage error asking for -o" 2 \
+    "the default output, .*/m_tp4pp2, is the input itself \\(named after tp4pp2 already\\): give -o OUT" \
+    "$RS" "$WORK/m_tp4pp2" --to tp4 --force
 expect_ok "--force over the earlier output still works after these" "$RS" "$WORK/src" --to tp4 -o "$WORK/tp4" --force
 mkdir "$WORK/holder"
 expect_ok "an output in a directory" "$RS" "$WORK/src" --to tp2 -o "$WORK/holder/tp2"
