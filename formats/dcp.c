@@ -641,8 +641,8 @@ static int locate_chunk(void *ctx, int64_t k, int thread)
     if (status) return tp_fail_context(status, "%s: the item at %lld", e->key, (long long)c->item_offset);
     const pickle_value *t = torch_archive_root(a);
     int64_t offset = 0, bytes = 0, want = chunk_elements(e, c) * (int64_t)torch_dtype_size(e->dtype);
-    int same = t->kind == PICKLE_TENSOR && t->tensor.ndim == e->ndim && t->tensor.storage->storage.dtype == e->dtype;
-    for (int d = 0; same && d < e->ndim; d++) same = t->tensor.shape[d] == c->sizes[d];
+    int same = t->kind == PICKLE_TENSOR && t->tensor->ndim == e->ndim && t->tensor->storage->storage.dtype == e->dtype;
+    for (int d = 0; same && d < e->ndim; d++) same = t->tensor->shape[d] == c->sizes[d];
     if (!same)
         status = tp_fail(TP_ERR_FORMAT, "%s: %s: the item at %lld holds a %s, not the chunk's %s tensor of %d dimensions", path,
                          e->key, (long long)c->item_offset, t->kind == PICKLE_TENSOR ? "tensor of another dtype or shape" : describe(t),

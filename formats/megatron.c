@@ -447,27 +447,27 @@ typedef struct {
 /* Whether a tensor holds one of the project's dtypes, and which. */
 static int float_dtype(const pickle_value *tensor, tp_dtype *out)
 {
-    return torch_dtype_to_tp(tensor->tensor.storage->storage.dtype, out);
+    return torch_dtype_to_tp(tensor->tensor->storage->storage.dtype, out);
 }
 
 static int check_piece(const megatron_checkpoint *m, const megatron_tensor_entry *e, const pickle_value *t, const char *file)
 {
     int64_t expected[CKPT_MAX_DIMS];
     ckpt_piece_shape(&e->copy.desc, m->config.tp, expected);
-    int same = t->tensor.ndim == e->copy.desc.ndim;
-    for (int d = 0; same && d < t->tensor.ndim; d++) same = t->tensor.shape[d] == expected[d];
+    int same = t->tensor->ndim == e->copy.desc.ndim;
+    for (int d = 0; same && d < t->tensor->ndim; d++) same = t->tensor->shape[d] == expected[d];
     if (!same) {
         char want[64], got[64];
         int n = 0, k = 0;
         for (int d = 0; d < e->copy.desc.ndim; d++) n += snprintf(want + n, sizeof want - (size_t)n, d ? " x %lld" : "%lld", (long long)expected[d]);
-        for (int d = 0; d < t->tensor.ndim && k < 60; d++) k += snprintf(got + k, sizeof got - (size_t)k, d ? " x %lld" : "%lld", (long long)t->tensor.shape[d]);
-        if (!t->tensor.ndim) snprintf(got, sizeof got, "a scalar");
+        for (int d = 0; d < t->tensor->ndim && k < 60; d++) k += snprintf(got + k, sizeof got - (size_t)k, d ? " x %lld" : "%lld", (long long)t->tensor->shape[d]);
+        if (!t->tensor->ndim) snprintf(got, sizeof got, "a scalar");
         return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is %s, the model in args gives %s at tp %d", file, e->source, got, want,
                        m->config.tp);
     }
     tp_dtype dtype;
     if (!float_dtype(t, &dtype) || dtype != e->copy.desc.dtype)
-        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is %s, expected %s", file, e->source, torch_dtype_name(t->tensor.storage->storage.dtype),
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is %s, expected %s", file, e->source, torch_dtype_name(t->tensor->storage->storage.dtype),
                        tp_dtype_name(e->copy.desc.dtype));
     if (!torch_tensor_is_contiguous(t))
         return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is not contiguous", file, e->source);
@@ -738,8 +738,8 @@ static int chunk_buffer(const pickle_value *root, int chunk, const char *path, c
     const char *keys[3] = {"param", "exp_avg", "exp_avg_sq"};
     for (int k = 0; k < 3; k++) {
         world[k] = pickle_get(state, keys[k]);
-        if (!world[k] || world[k]->kind != PICKLE_TENSOR || world[k]->tensor.storage->storage.dtype != TORCH_FLOAT32 ||
-            world[k]->tensor.ndim != 1 || world[k]->tensor.shape[0] != *numel || !torch_tensor_is_contiguous(world[k]))
+        if (!world[k] || world[k]->kind != PICKLE_TENSOR || world[k]->tensor->storage->storage.dtype != TORCH_FLOAT32 ||
+            world[k]->tensor->ndim != 1 || world[k]->tensor->shape[0] != *numel || !torch_tensor_is_contiguous(world[k]))
             return tp_fail(TP_ERR_FORMAT, "%s: %s of model chunk %d is not an fp32 vector of numel_unpadded %lld elements", path,
                            keys[k], chunk, (long long)*numel);
     }
@@ -783,12 +783,12 @@ static int read_rank_distributed(megatron_checkpoint *m, int stage, int tp_rank,
         for (int k = 0; k < n && !status; k++) {
             int index = m->stage_params[first + k];
             const pickle_value *t = index == HEAD_COPY ? m->head_copies[stage * c->tp + tp_rank] : m->tensors[index].pieces[tp_rank];
-            if (!storage) storage = t->tensor.storage;
-            if (strcmp(t->tensor.storage->storage.key, storage->storage.key))
+            if (!storage) storage = t->tensor->storage;
+            if (strcmp(t->tensor->storage->storage.key, storage->storage.key))
                 status = tp_fail(TP_ERR_LAYOUT, "%s: the parameters of model chunk %d do not share one buffer (%s is apart): "
                                  "their places in the optimizer's buffer are unknown", file, v,
                                  index == HEAD_COPY ? "the head copy" : m->tensors[index].source);
-            start[k] = t->tensor.offset;
+            start[k] = t->tensor->offset;
             order[k] = k;
         }
         /* Buffer order: by offset (an insertion sort; a chunk has few hundred). */

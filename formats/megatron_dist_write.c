@@ -199,14 +199,14 @@ static int emit_carried_tensor(void *ctx, const pickle_value *t)
         return tp_fail(TP_ERR_FORMAT, "a non-contiguous tensor among the common state carried over");
     TP_TRY(array_reserve((void **)&ct->tensors, &ct->capacity, ct->count + 1, sizeof *ct->tensors));
     ct->tensors[ct->count++] = t;
-    return torch_writer_tensor(ct->tw, t->tensor.storage->storage.dtype, t->tensor.ndim, t->tensor.shape);
+    return torch_writer_tensor(ct->tw, t->tensor->storage->storage.dtype, t->tensor->ndim, t->tensor->shape);
 }
 
 static int write_carried_tensors(carried_tensors *ct)
 {
     for (int i = 0; i < ct->count; i++) {
         const pickle_value *t = ct->tensors[i];
-        int64_t bytes = torch_tensor_numel(t) * (int64_t)torch_dtype_size(t->tensor.storage->storage.dtype);
+        int64_t bytes = torch_tensor_numel(t) * (int64_t)torch_dtype_size(t->tensor->storage->storage.dtype);
         void *buf = malloc((size_t)bytes + 1);
         if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory");
         int status = ct->legacy ? megatron_rank_tensor_read(ct->legacy, 0, 0, t, buf, bytes)

@@ -637,10 +637,10 @@ static int emit_raw_tensor(void *ctx, const pickle_value *t)
     if (!torch_tensor_is_contiguous(t))
         return tp_fail(TP_ERR_FORMAT, "%s: a non-contiguous tensor among the state carried over", megatron_path(r->template));
     int64_t numel = torch_tensor_numel(t);
-    torch_dtype dtype = t->tensor.storage->storage.dtype;
+    torch_dtype dtype = t->tensor->storage->storage.dtype;
     TP_TRY(add_pending(r, (struct pending){.index = -1, .bytes = numel * (int64_t)torch_dtype_size(dtype), .raw = t,
                                            .raw_pp = from->rank[0], .raw_tp = from->rank[1]}));
-    return torch_writer_tensor(r->w, dtype, t->tensor.ndim, t->tensor.shape);
+    return torch_writer_tensor(r->w, dtype, t->tensor->ndim, t->tensor->shape);
 }
 
 /* The source's optimizer tensor of role for parameter index. */

@@ -453,25 +453,27 @@ static int rebuild_tensor(machine *m, const pickle_value *args, pickle_value **o
         return fail_at(m, TP_ERR_FORMAT, "a tensor of %lld dimensions and %lld strides (at most %d)", (long long)ndim,
                        (long long)a[3]->items.count, TORCH_MAX_DIMS);
     pickle_value *t = new_value(m, PICKLE_TENSOR);
-    if (!t) return allocation_failed(m);
-    t->tensor.storage = storage;
-    t->tensor.offset = a[1]->integer;
-    t->tensor.ndim = (int)ndim;
-    if (t->tensor.offset < 0) return fail_at(m, TP_ERR_FORMAT, "tensor storage offset %lld", (long long)t->tensor.offset);
+    pickle_tensor *view = t ? arena_alloc(m->doc, sizeof *view) : NULL;
+    if (!view) return allocation_failed(m);
+    t->tensor = view;
+    view->storage = storage;
+    view->offset = a[1]->integer;
+    view->ndim = (int)ndim;
+    if (t->tensor->offset < 0) return fail_at(m, TP_ERR_FORMAT, "tensor storage offset %lld", (long long)t->tensor->offset);
     int empty = 0;
     for (int d = 0; d < ndim; d++) {
         const pickle_value *size = a[2]->items.items[d], *stride = a[3]->items.items[d];
         if (size->kind != PICKLE_INT || stride->kind != PICKLE_INT || size->integer < 0 || stride->integer < 0)
             return fail_at(m, TP_ERR_FORMAT, "tensor dimension %d: size and stride must be integers >= 0", d);
-        t->tensor.shape[d] = size->integer;
-        t->tensor.stride[d] = stride->integer;
+        view->shape[d] = size->integer;
+        view->stride[d] = stride->integer;
         if (size->integer == 0) empty = 1;
     }
     /* The last element's index, offset + sum (shape - 1) * stride, must lie
      * in the storage; each term is bounded first so that nothing overflows. */
-    uint64_t last = (uint64_t)t->tensor.offset, limit = (uint64_t)storage->storage.numel;
+    uint64_t last = (uint64_t)t->tensor->offset, limit = (uint64_t)storage->storage.numel;
     for (int d = 0; d < ndim && !empty; d++) {
-        uint64_t span = (uint64_t)(t->tensor.shape[d] - 1), stride = (uint64_t)t->tensor.stride[d];
+        uint64_t span = (uint64_t)(t->tensor->shape[d] - 1), stride = (uint64_t)t->tensor->stride[d];
         if (stride && span > (limit + 1) / stride) goto outside;
         last += span * stride;
         if (last >= limit) goto outside;

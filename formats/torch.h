@@ -83,6 +83,13 @@ typedef struct {
     int64_t count, capacity;
 } pickle_items;
 
+typedef struct {
+    const pickle_value *storage; /* a PICKLE_STORAGE */
+    int64_t offset;              /* in elements of the storage */
+    int ndim;
+    int64_t shape[TORCH_MAX_DIMS], stride[TORCH_MAX_DIMS]; /* strides in elements */
+} pickle_tensor;
+
 struct pickle_value {
     pickle_kind kind;
     uint32_t walk_mark; /* the last walk that entered this container (pickle_walk) */
@@ -111,12 +118,10 @@ struct pickle_value {
             torch_dtype dtype;
             int64_t numel;        /* elements of dtype */
         } storage;
-        struct {
-            const pickle_value *storage; /* a PICKLE_STORAGE */
-            int64_t offset;              /* in elements of the storage */
-            int ndim;
-            int64_t shape[TORCH_MAX_DIMS], stride[TORCH_MAX_DIMS]; /* strides in elements */
-        } tensor;
+        /* Apart from the value: inline, its 264 bytes made every value of
+         * a tree (an int, a string) that size: a DCP `.metadata` of 7.4 MB
+         * took 231 MB to read. */
+        const pickle_tensor *tensor;
     };
 };
 

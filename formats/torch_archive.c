@@ -96,7 +96,7 @@ static int storage_range(const torch_archive *archive, const pickle_value *stora
 static int check_tensor(void *ctx, const char *path, const pickle_value *tensor)
 {
     int64_t offset;
-    if (storage_range(ctx, tensor->tensor.storage, &offset)) return tp_fail_context(TP_ERR_FORMAT, "tensor %s", path);
+    if (storage_range(ctx, tensor->tensor->storage, &offset)) return tp_fail_context(TP_ERR_FORMAT, "tensor %s", path);
     return TP_OK;
 }
 
@@ -220,16 +220,16 @@ int64_t torch_archive_bytes(const torch_archive *archive)
 int64_t torch_tensor_numel(const pickle_value *tensor)
 {
     int64_t n = 1;
-    for (int d = 0; d < tensor->tensor.ndim; d++) n *= tensor->tensor.shape[d];
+    for (int d = 0; d < tensor->tensor->ndim; d++) n *= tensor->tensor->shape[d];
     return n;
 }
 
 int torch_tensor_is_contiguous(const pickle_value *tensor)
 {
     int64_t expected = 1;
-    for (int d = tensor->tensor.ndim - 1; d >= 0; d--) {
-        if (tensor->tensor.shape[d] != 1 && tensor->tensor.stride[d] != expected) return 0;
-        expected *= tensor->tensor.shape[d];
+    for (int d = tensor->tensor->ndim - 1; d >= 0; d--) {
+        if (tensor->tensor->shape[d] != 1 && tensor->tensor->stride[d] != expected) return 0;
+        expected *= tensor->tensor->shape[d];
     }
     return 1;
 }
@@ -263,14 +263,14 @@ static int storage_range(const torch_archive *archive, const pickle_value *stora
 static int tensor_range_in_archive(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size)
 {
     if (!tensor || tensor->kind != PICKLE_TENSOR) return tp_fail(TP_ERR_ARG, "%s: not a tensor", zip_path(archive->zip));
-    const pickle_value *storage = tensor->tensor.storage;
+    const pickle_value *storage = tensor->tensor->storage;
     if (!torch_tensor_is_contiguous(tensor))
         return tp_fail(TP_ERR_FORMAT, "%s: a tensor of storage %s is not contiguous (a view saved with its strides)",
                        zip_path(archive->zip), storage->storage.key);
     int64_t data, element = (int64_t)torch_dtype_size(storage->storage.dtype);
     TP_TRY(storage_range(archive, storage, &data));
     /* The pickle checked that the tensor lies within the storage's numel. */
-    *offset = data + tensor->tensor.offset * element;
+    *offset = data + tensor->tensor->offset * element;
     *size = torch_tensor_numel(tensor) * element;
     return TP_OK;
 }
@@ -291,7 +291,7 @@ int torch_tensor_storage_entry(const torch_archive *archive, const pickle_value 
 {
     if (!tensor || tensor->kind != PICKLE_TENSOR) return tp_fail(TP_ERR_ARG, "%s: not a tensor", zip_path(archive->zip));
     int entry;
-    TP_TRY(storage_entry(archive, tensor->tensor.storage, &entry));
+    TP_TRY(storage_entry(archive, tensor->tensor->storage, &entry));
     TP_TRY(zip_entry_range(archive->zip, entry, &out->offset, &out->size));
     out->offset += zip_base(archive->zip);
     out->crc32 = zip_entry_crc(archive->zip, entry);
@@ -318,7 +318,7 @@ int torch_tensor_read_checked(const torch_archive *archive, const pickle_value *
     if (size != bytes)
         return tp_fail(TP_ERR_ARG, "%s: %lld bytes asked of a tensor of %lld", zip_path(archive->zip), (long long)size,
                        (long long)bytes);
-    TP_TRY(storage_entry(archive, tensor->tensor.storage, &entry));
+    TP_TRY(storage_entry(archive, tensor->tensor->storage, &entry));
     TP_TRY(zip_entry_range(archive->zip, entry, &data, &stored));
     unsigned char *whole = malloc((size_t)stored + 1);
     if (!whole) return tp_fail(TP_ERR_NOMEM, "out of memory");

@@ -88,8 +88,8 @@ static int check_against_full(const char *name, int tp, int pp)
         if (state) cr_assert_eq(d->dtype, TP_FP32, "%s", d->name);
         states += state;
         params += !state;
-        cr_assert_eq(ref->tensor.ndim, d->ndim, "%s", d->name);
-        for (int k = 0; k < d->ndim; k++) cr_assert_eq(ref->tensor.shape[k], d->shape[k], "%s dim %d", d->name, k);
+        cr_assert_eq(ref->tensor->ndim, d->ndim, "%s", d->name);
+        for (int k = 0; k < d->ndim; k++) cr_assert_eq(ref->tensor->shape[k], d->shape[k], "%s dim %d", d->name, k);
         int64_t offset, bytes;
         cr_assert_eq(torch_tensor_range(reference, ref, &offset, &bytes), TP_OK, "%s", tp_errmsg());
         unsigned char *logical = malloc((size_t)bytes);

@@ -219,8 +219,8 @@ static int same(const pickle_value *a, const pickle_value *b, int depth, long *b
                (!a->object.state || same(a->object.state, b->object.state, depth + 1, budget)) &&
                !a->object.items && !b->object.items && !a->object.list && !b->object.list;
     case PICKLE_TENSOR:
-        if (a->tensor.storage->storage.dtype != b->tensor.storage->storage.dtype || a->tensor.ndim != b->tensor.ndim) return 0;
-        return memcmp(a->tensor.shape, b->tensor.shape, (size_t)a->tensor.ndim * sizeof *a->tensor.shape) == 0;
+        if (a->tensor->storage->storage.dtype != b->tensor->storage->storage.dtype || a->tensor->ndim != b->tensor->ndim) return 0;
+        return memcmp(a->tensor->shape, b->tensor->shape, (size_t)a->tensor->ndim * sizeof *a->tensor->shape) == 0;
     default: return 0;
     }
 }
@@ -274,7 +274,7 @@ static int add_tensor_bytes(void *ctx, const char *path, const pickle_value *t)
 {
     (void)path;
     int64_t *tensors = ctx; /* bytes, count */
-    tensors[0] += torch_tensor_numel(t) * (int64_t)torch_dtype_size(t->tensor.storage->storage.dtype);
+    tensors[0] += torch_tensor_numel(t) * (int64_t)torch_dtype_size(t->tensor->storage->storage.dtype);
     tensors[1]++;
     return 0;
 }

@@ -13,7 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static int count_tensor(void *ctx, const char *path, const pickle_value *tensor)
 {
-    if (!path || tensor->kind != PICKLE_TENSOR || tensor->tensor.ndim > TORCH_MAX_DIMS) __builtin_trap();
+    if (!path || tensor->kind != PICKLE_TENSOR || tensor->tensor->ndim > TORCH_MAX_DIMS) __builtin_trap();
     ++*(int64_t *)ctx;
     return 0;
 }
