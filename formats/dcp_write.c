@@ -62,6 +62,7 @@ typedef struct {
     int64_t *file_first;        /* per file: its first in by_file; one more entry at the end */
     int64_t largest_row;        /* bytes of the longest piece row */
     int64_t largest_whole;      /* bytes of the largest piece read whole (hooks->whole_piece) */
+    const char *longest_name, *whole_name; /* their tensors */
     int dp;                     /* data-parallel ranks each box is cut over along dimension 0 */
     const char *root;           /* the directory written into */
     const struct dcp_write_hooks *hooks; /* NULL: plain DCP */
@@ -189,9 +190,9 @@ static int plan_chunks(writer *w, dcp_write_plan *plan)
         int64_t shape[CKPT_MAX_DIMS], row = (int64_t)tp_dtype_size(t->dtype);
         ckpt_piece_shape(t, w->to.tp, shape);
         for (int d = 1; d < t->ndim; d++) row *= shape[d];
-        if (row > w->largest_row) w->largest_row = row;
+        if (row > w->largest_row) w->largest_row = row, w->longest_name = t->name;
         if (hooks && hooks->whole_piece && hooks->whole_piece(hooks->ctx, i) && row * t->shape[0] > w->largest_whole)
-            w->largest_whole = row * t->shape[0]; /* the whole tensor */
+            w->largest_whole = row * t->shape[0], w->whole_name = t->name; /* the whole tensor */
         out_chunk whole = {.tensor = i, .k = k, .piece = 0, .axis = 0, .local_start = 0, .row0 = 0, .rows = t->shape[0]};
         for (int d = 0; d < t->ndim; d++) whole.sizes[d] = t->shape[d];
         if (t->partition.kind != CKPT_SPLIT) { /* written once, by tensor rank 0 of its stage */
@@ -417,15 +418,18 @@ int dcp_write_plan_create(ckpt_reader *source, const dcp_write_options *options,
     plan->files = w.to.tp * w.to.pp * w.dp;
     for (int i = 0; !status && options->others_from && i < dcp_num_entries(options->others_from); i++)
         plan->others += carried_along(&w, dcp_entry_at(options->others_from, i));
-    int64_t per_thread = 3 * block_bytes(&w) + 2 * w.largest_whole;
-    int64_t limit = options->memory_limit > 0 ? options->memory_limit : RESHARD_DEFAULT_MEMORY;
-    if (!status && per_thread > limit)
-        status = tp_fail(TP_ERR_NOMEM, "a row of %lld bytes (a piece of %lld read whole) needs %lld bytes of buffers, "
-                         "over the memory limit of %lld", (long long)w.largest_row, (long long)w.largest_whole,
-                         (long long)per_thread, (long long)limit);
+    int64_t per_thread = 3 * block_bytes(&w) + 2 * w.largest_whole, share, beside;
     int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
     if (threads > plan->files) threads = plan->files;
-    if (per_thread > 0 && threads > limit / per_thread) threads = (int)(limit / per_thread);
+    if (!status) threads = reshard_threads_within(options->memory_limit, threads, per_thread, &share, &beside);
+    if (!status && threads < 1)
+        status = tp_fail(TP_ERR_NOMEM, "memory limit of %lld bytes is too small: a thread needs %lld bytes of buffers "
+                         "(the longest row, %lld bytes of tensor %s%s%s%s) beside %lld of overhead (what this process "
+                         "holds now and the checkpoint library's allowance); raise --memory-limit",
+                         (long long)(options->memory_limit > 0 ? options->memory_limit : RESHARD_DEFAULT_MEMORY),
+                         (long long)per_thread, (long long)w.largest_row, w.longest_name ? w.longest_name : "(none)",
+                         w.whole_name ? "; the largest piece read whole, " : "", w.whole_name ? w.whole_name : "",
+                         w.whole_name ? ", twice" : "", (long long)beside);
     plan->threads = threads > 0 ? threads : 1;
     plan->buffer_memory = plan->threads * per_thread;
     writer_free(&w);

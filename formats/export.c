@@ -20,6 +20,7 @@
 #include "../common/parallel.h"
 #include "formats.h"
 #include "../kernels/kernels.h"
+#include "../reshard/reshard.h"
 
 #define BAND_TARGET_BYTES ((int64_t)8 << 20) /* untransposed bands: enough to keep the disk busy */
 #define PAGE_BYTES ((int64_t)4096)
@@ -211,18 +212,15 @@ static int plan_bands(exporter *x)
      * fixed overhead and each thread's reader scratch (and a page of slack:
      * a band's staging starts on a page); fewer threads when a share would
      * not hold the widest row. */
-    int64_t base = resident_bytes() + CKPT_FIXED_MEMORY, share = 0;
-    int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
-    for (; threads >= 1; threads--) {
-        share = (limit - base) / threads - CKPT_THREAD_MEMORY - PAGE_BYTES;
-        if (share >= widest) break;
-    }
+    int64_t share, beside;
+    int threads = reshard_threads_within(limit, o->threads > 0 ? o->threads : parallel_cpu_count(), widest + PAGE_BYTES,
+                                         &share, &beside);
+    share -= PAGE_BYTES;
     if (threads < 1)
         return tp_fail(TP_ERR_ARG,
                             "memory limit %lld bytes is too small: a row of tensor %s takes %lld bytes of buffers "
                             "beside %lld of overhead (raise --memory-limit)",
-                            (long long)limit, widest_name, (long long)widest,
-                            (long long)(base + CKPT_THREAD_MEMORY + PAGE_BYTES));
+                            (long long)limit, widest_name, (long long)widest, (long long)(beside + PAGE_BYTES));
     x->num_bands = 0;
     for (int i = 0; i < x->count; i++) {
         out_tensor *t = &x->tensors[i];

@@ -1146,14 +1146,17 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
         }
     }
     /* Each thread holds a buffer and the staging reshard_read_piece_rows may use. */
-    int64_t limit = options->memory_limit > 0 ? options->memory_limit : RESHARD_DEFAULT_MEMORY, per_thread = 2 * plan->largest_buffer;
-    if (per_thread > limit)
-        return tp_fail(TP_ERR_NOMEM, "tensor %s: a piece needs %lld bytes of buffers, over the memory limit of %lld", largest,
-                       (long long)per_thread, (long long)limit);
+    int64_t per_thread = 2 * plan->largest_buffer, share, beside;
     int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
     if (threads > plan->files) threads = plan->files;
-    if (per_thread > 0 && threads > limit / per_thread) threads = (int)(limit / per_thread);
-    plan->threads = threads > 0 ? threads : 1;
+    threads = reshard_threads_within(options->memory_limit, threads, per_thread, &share, &beside);
+    if (threads < 1)
+        return tp_fail(TP_ERR_NOMEM, "memory limit of %lld bytes is too small: tensor %s: a piece needs %lld bytes of "
+                       "buffers beside %lld of overhead (what this process holds now and the checkpoint library's "
+                       "allowance); raise --memory-limit",
+                       (long long)(options->memory_limit > 0 ? options->memory_limit : RESHARD_DEFAULT_MEMORY), largest,
+                       (long long)per_thread, (long long)beside);
+    plan->threads = threads;
     plan->buffer_memory = plan->threads * per_thread;
     return TP_OK;
 }

@@ -32,7 +32,8 @@ static const char *usage_text =
     "                           distributed checkpoint (docs/DCP.md), or Megatron-Core's torch_dist (from a\n"
     "                           Megatron-LM source or this toolkit's GPT; docs/MEGATRON.md)\n"
     "  --megatron-core RELEASE  the Megatron-Core that will load a torch_dist output: 0.18 or older keeps\n"
-    "                           the common state in common.pt, 0.19 and later in the checkpoint (default)\n"
+    "                           the common state in common.pt, 0.19 and later in the checkpoint (default:\n"
+    "                           a torch_dist source's release, else 0.19)\n"
     "  --dcp-torch 2|1.13       the PyTorch that will load a DCP output (its class paths; default: a DCP\n"
     "                           source's, else 2)\n"
     "  --dcp-dp N               a DCP output's pieces cut again along dimension 0 over N data-parallel\n"
@@ -437,6 +438,12 @@ int main(int argc, char **argv)
     write_options.dp = dcp_dp;
     write_options.naming = naming;
     write_options.torch_version = dcp_torch_given ? (int)dcp_torch : -1;
+    /* The common state where the source's Megatron-Core keeps it (a
+     * torch_dist source's own release, as --dcp-torch takes a DCP
+     * source's); another source's output is for 0.19 and later. */
+    const megatron_dist *dist_source = formats_source_megatron_dist(opened);
+    if (!mcore_given && dist_source && strcmp(megatron_dist_common_source(dist_source), "common_state"))
+        mcore_common = MEGATRON_CORE_COMMON_FILE;
     write_options.common = mcore_common;
     write_options.verify = verify;
     write_options.megatron_view = &gpt_megatron_view; /* this toolkit's GPT written as Megatron's */

@@ -358,6 +358,19 @@ ckpt_layout reshard_target_layout(const ckpt_layout *from, const reshard_options
     return to;
 }
 
+int reshard_threads_within(int64_t limit, int threads, int64_t need, int64_t *share, int64_t *beside)
+{
+    if (limit <= 0) limit = RESHARD_DEFAULT_MEMORY;
+    int64_t base = resident_bytes() + CKPT_FIXED_MEMORY;
+    *beside = base + CKPT_THREAD_MEMORY;
+    *share = 0;
+    for (; threads >= 1; threads--) {
+        *share = (limit - base) / threads - CKPT_THREAD_MEMORY;
+        if (*share >= need) return threads;
+    }
+    return 0;
+}
+
 int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_options *options)
 {
     *out = NULL;

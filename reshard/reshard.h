@@ -20,6 +20,16 @@
 
 #define RESHARD_DEFAULT_MEMORY ((int64_t)1 << 30)
 
+/* How a writer of another format keeps to a memory limit (limit; 0:
+ * RESHARD_DEFAULT_MEMORY), which bounds the process's resident memory: the
+ * most threads, up to `threads`, whose equal shares of what the limit leaves
+ * beside what this process holds now and the checkpoint library's allowance
+ * (CKPT_FIXED_MEMORY, and CKPT_THREAD_MEMORY a thread) each hold `need`
+ * bytes of buffers; 0 when not one does. *share gets each thread's share
+ * (at least need), *beside the overhead for one thread (for a message
+ * saying why). */
+int reshard_threads_within(int64_t limit, int threads, int64_t need, int64_t *share, int64_t *beside);
+
 typedef enum { RESHARD_DEVICE_AUTO = 0, RESHARD_DEVICE_CPU, RESHARD_DEVICE_CUDA } reshard_device;
 
 typedef struct {
