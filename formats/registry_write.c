@@ -107,8 +107,17 @@ static const char *optimizer_text(int optimizer)
     return optimizer ? "weights and optimizer state" : "weights only";
 }
 
-static int refuse_interleaved(ckpt_reader *source, const formats_write_options *o, const char *title)
+/* Chunks of layers interleaved over the stages are this toolkit's format's
+ * alone: asked for, refused; a source's that --to did not name are said to
+ * be left (the output's stages hold consecutive layers), not shown only by
+ * the summary's layout. */
+static int refuse_interleaved(ckpt_reader *source, const formats_write_options *o, const char *title,
+                              formats_write_summary *s)
 {
+    int chunks = ckpt_layout_chunks(ckpt_reader_layout(source));
+    if (o->reshard.virtual_stages == 0 && chunks > 1)
+        warn(s, "the source's %d chunks of layers a stage (the interleaved schedule) are not kept: %s holds "
+                "consecutive layers on each stage", chunks, title);
     if (o->reshard.virtual_stages <= 1) return TP_OK;
     ckpt_layout to = reshard_target_layout(ckpt_reader_layout(source), &o->reshard);
     char text[RESHARD_LAYOUT_TEXT_MAX];
@@ -261,7 +270,7 @@ static megatron_naming default_names(const megatron_model *m, const megatron_dis
 static int plan_megatron(formats_source *source, const formats_write_options *o, formats_write_summary *s, void **state)
 {
     ckpt_reader *reader = formats_source_reader(source);
-    TP_TRY(refuse_interleaved(reader, o, "Megatron-LM's"));
+    TP_TRY(refuse_interleaved(reader, o, "Megatron-LM's", s));
     megatron_state *w = calloc(1, sizeof *w);
     if (!w) return tp_fail(TP_ERR_NOMEM, "out of memory");
     *state = w;
@@ -332,7 +341,7 @@ static int plan_torch_dist(formats_source *source, const formats_write_options *
                            void **state)
 {
     ckpt_reader *reader = formats_source_reader(source);
-    TP_TRY(refuse_interleaved(reader, o, "Megatron-Core's torch_dist"));
+    TP_TRY(refuse_interleaved(reader, o, "Megatron-Core's torch_dist", s));
     torch_dist_state *w = calloc(1, sizeof *w);
     if (!w) return tp_fail(TP_ERR_NOMEM, "out of memory");
     *state = w;
@@ -396,7 +405,7 @@ typedef struct {
 static int plan_dcp(formats_source *source, const formats_write_options *o, formats_write_summary *s, void **state)
 {
     ckpt_reader *reader = formats_source_reader(source);
-    TP_TRY(refuse_interleaved(reader, o, "a PyTorch distributed checkpoint"));
+    TP_TRY(refuse_interleaved(reader, o, "a PyTorch distributed checkpoint", s));
     dcp_state *w = calloc(1, sizeof *w);
     if (!w) return tp_fail(TP_ERR_NOMEM, "out of memory");
     *state = w;

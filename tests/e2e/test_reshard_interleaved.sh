@@ -178,4 +178,12 @@ expect_error "not written as DCP" 1 "--to tp2pp2v2: .* this toolkit's format onl
 expect_error "nor as Megatron's" 1 "--to tp2pp2v2: .* this toolkit's format only" \
     "$RS" "$WORK/src" --to tp2pp2v2 --format megatron --weights-only -o "$WORK/x1"
 check "nothing written by a refusal" [ ! -e "$WORK/x1" ]
+# A source's chunks that --to does not name, written in a format without
+# them: said, not only shown by the summary's layout.
+for format in dcp megatron; do
+    expect_ok "the v2 source as $format, its chunks not named" "$RS" "$WORK/v2" --to tp2 --format $format --weights-only \
+        -o "$WORK/v2.$format"
+    check "the chunks left are said ($format)" \
+        grep -q "warning: the source's 2 chunks of layers a stage (the interleaved schedule) are not kept" "$WORK/.err"
+done
 finish
