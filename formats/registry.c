@@ -152,9 +152,10 @@ int formats_source_open(const char *path, const checkpoint_format *format, const
     if (!status && options->true_vocab && !format->pads_vocabulary)
         status = tp_fail(TP_ERR_ARG, "%s: a true vocabulary size applies to a Megatron checkpoint (Megatron-LM legacy or "
                          "Megatron-Core torch_dist), not to this one (%s)", path, format->title);
-    /* This toolkit's (the fallback, the one format without a detect) is named by
-     * the step it read, a run directory's latest; another tool's as given. */
-    if (!status && !(s->name = strdup(format->detect || !s->reader ? path : ckpt_reader_path(s->reader))))
+    /* Named as given: a run directory's default output is named after the
+     * run directory, beside it (after the step it read, run/step_N_tp2pp1,
+     * it lay inside the input, where -o is refused). */
+    if (!status && !(s->name = strdup(path)))
         status = tp_fail(TP_ERR_NOMEM, "out of memory");
     if (status) {
         formats_source_close(s);

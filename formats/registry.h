@@ -91,9 +91,8 @@ const megatron_dist *formats_source_megatron_dist(const formats_source *source);
 const dcp_checkpoint *formats_source_dcp(const formats_source *source);
 /* The Megatron model of a Megatron-LM or torch_dist source, else NULL. */
 const megatron_config *formats_source_megatron_config(const formats_source *source);
-/* What names the checkpoint read (a default output is named after it):
- * this toolkit's, the step directory (a run directory's latest); another
- * tool's, the path given. */
+/* What names the checkpoint read (a default output is named after it): the
+ * path given (a run directory, not the step read in it). */
 const char *formats_source_name(const formats_source *source);
 void formats_source_close(formats_source *source);
 

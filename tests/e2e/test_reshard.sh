@@ -123,6 +123,12 @@ expect_error "reshard named for a step it does not record" 2 \
 check "nothing written for it" [ ! -e "$WORK/run/step_00000100" ]
 expect_ok "reshard into a run directory" "$RS" "$WORK/src" --to tp4 -o "$WORK/run/step_00000000"
 check "latest points at it" [ "$(cat "$WORK/run/latest")" = "step_00000000" ]
+# A run directory's default output is named after it, beside it: named
+# after the step read (run/step_00000000_tp2pp2) it lay inside the input,
+# where -o is refused.
+expect_ok "a run directory resharded without -o" "$RS" "$WORK/run" --to tp2
+check_all "its output beside the run directory, nothing added inside it" \
+    '[ -f "$WORK/run_tp2pp2/index.json" ] && [ "$(ls "$WORK/run")" = "$(printf "latest\nstep_00000000")" ]'
 
 # ------------------------------------------------------- memory bound
 expect_ok "a bigger checkpoint" "$CK" synth -o "$WORK/big" --tp 4 --pp 1 --layers 2 --dim 1024 --heads 8 --vocab 8000 \
