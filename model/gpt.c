@@ -285,6 +285,14 @@ int gpt_options_finish(const gpt_options *o, gpt_config *out)
     return TP_OK;
 }
 
+int gpt_options_shape_given(const gpt_options *o)
+{
+    const gpt_config *c = &o->explicit_shape; /* what gpt_options_set fills, dtype aside */
+    return o->preset || o->arch_given || o->embeddings_given || c->layers || c->dim || c->heads || c->kv_heads ||
+           c->vocab || c->seq || c->ffn || c->vocab_pad_multiple || c->swiglu || c->norm_eps || c->rope_theta ||
+           c->rope_scaling_factor;
+}
+
 /* ----------------------------------------------------------- catalogue */
 
 static const char *const kind_names[GPT_TENSOR_KINDS] = {

@@ -107,6 +107,11 @@ int gpt_options_set(gpt_options *options, const char *name, const char *value);
  * vocab and seq was given. dtype is fp32 unless given. */
 int gpt_options_finish(const gpt_options *options, gpt_config *out);
 
+/* Whether any option describing the model's shape was given (all but
+ * --dtype, which says how it trains): without one, tp-train --resume takes
+ * the model of the checkpoint it resumes. */
+int gpt_options_shape_given(const gpt_options *options);
+
 /* ----------------------------------------------------------- catalogue */
 
 /* Which tensor of the model an entry is. Per-layer kinds live under

@@ -57,7 +57,8 @@ static const char *usage_text =
     "checkpoints: --ckpt-dir DIR|URL --ckpt-every N --resume [--sync-save] [--stop-at N] [--ckpt-cache DIR]\n"
     "           written asynchronously; SIGTERM, SIGUSR1, SIGHUP or a first SIGINT (Ctrl-C), or --stop-at: finish\n"
     "           the step, checkpoint, exit 0 (a second SIGINT ends it at once; a run resumed at or past\n"
-    "           --stop-at N stops before training). --resume continues from the newest intact checkpoint, at any layout;\n"
+    "           --stop-at N stops before training). --resume continues from the newest intact checkpoint, at any layout\n"
+    "           (without model options, with its model and its run's --dtype);\n"
     "           without it, a --ckpt-dir that holds committed checkpoints is refused (exit 2): a new run never\n"
     "           replaces another's history. A checkpoint itself as --ckpt-dir is refused (exit 2): new\n"
     "           checkpoints go into a run directory, never inside a checkpoint (mkdir RUN; cp -r CKPT RUN/step_N).\n"
@@ -816,7 +817,23 @@ int main(int argc, char **argv)
     if (optind != argc) die_usage("unexpected argument '%s'", argv[optind]);
     if (share_gpus && strcmp(device, "cuda"))
         die_usage("--share-gpus applies to --device cuda (auto gives each rank a GPU of its own, or none)");
-    if (gpt_options_finish(&model, &o.config)) die_usage("%s", tp_errmsg());
+    if (o.resume && o.ckpt_dir && !gpt_options_shape_given(&model)) {
+        /* The run's model, and its precision unless --dtype says: what a
+         * resume would otherwise have to repeat (and a forgotten --dtype
+         * bf16 went on in fp32). */
+        char resolved[4096];
+        int run_bf16 = 0;
+        if (checkpoint_run_model(o.ckpt_dir, &o.config, &run_bf16, resolved, sizeof resolved))
+            die_usage("--resume without model options takes the model of the run's newest checkpoint, and %s has none "
+                      "that opens (%s): give --model, or all of --layers --dim --heads --vocab --seq",
+                      o.ckpt_dir, tp_errmsg());
+        if (model.dtype_given && model.explicit_shape.dtype != TP_FP32 && model.explicit_shape.dtype != TP_BF16)
+            die_usage("--dtype %s: tp-train trains in fp32 or bf16", tp_dtype_name(model.explicit_shape.dtype));
+        o.bf16 = model.dtype_given ? model.explicit_shape.dtype == TP_BF16 : run_bf16;
+        o.config.dtype = TP_FP32;
+    } else if (gpt_options_finish(&model, &o.config)) {
+        die_usage("%s", tp_errmsg());
+    }
     /* --dtype bf16: mixed precision; the weights (and checkpoints) stay fp32. */
     if (o.config.dtype == TP_BF16) {
         o.bf16 = 1;

@@ -976,8 +976,9 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
 }
 
 /* The model configuration of the first checkpoint that opens of those
- * checkpoint_load would try, in its order. */
-static int model_config_of(const char *path, gpt_config *out, char *resolved, size_t resolved_size)
+ * checkpoint_load would try, in its order; *bf16 (may be NULL), whether the
+ * trainer's record of its run says bf16 mixed precision. */
+static int model_config_of(const char *path, gpt_config *out, int *bf16, char *resolved, size_t resolved_size)
 {
     ckpt_candidate *list = NULL;
     int n = 0, status = ckpt_candidates(path, &list, &n);
@@ -989,11 +990,23 @@ static int model_config_of(const char *path, gpt_config *out, char *resolved, si
         status = gpt_config_from_json(ckpt_reader_state(r)->model_json, out);
         if (status) tp_fail_context(status, "%s", ckpt_reader_path(r));
         else snprintf(resolved, resolved_size, "%s", ckpt_reader_path(r));
+        if (!status && bf16) {
+            cJSON *run = cJSON_Parse(ckpt_reader_state(r)->user_json ? ckpt_reader_state(r)->user_json : "");
+            const cJSON *precision = cJSON_GetObjectItemCaseSensitive(run, "precision");
+            *bf16 = cJSON_IsString(precision) && !strcmp(precision->valuestring, "bf16");
+            cJSON_Delete(run);
+        }
         ckpt_reader_close(r);
         if (!status) break;
     }
     free(list);
     return status;
+}
+
+int checkpoint_run_model(const char *path, gpt_config *out, int *bf16, char *resolved, size_t resolved_size)
+{
+    *bf16 = 0;
+    return model_config_of(path, out, bf16, resolved, resolved_size);
 }
 
 int checkpoint_model_config(comm *c, const char *path, gpt_config *out, char *resolved, size_t resolved_size)
@@ -1002,7 +1015,7 @@ int checkpoint_model_config(comm *c, const char *path, gpt_config *out, char *re
     char *text = NULL;
     int status = TP_OK;
     if (c->rank == 0) {
-        status = model_config_of(path, out, resolved, resolved_size);
+        status = model_config_of(path, out, NULL, resolved, resolved_size);
         char *json = status ? NULL : gpt_config_to_json(out);
         size_t length = json ? strlen(resolved) + strlen(json) + 2 : 0;
         if (!status && !(json && (text = malloc(length)))) status = tp_fail(TP_ERR_NOMEM, "out of memory");

@@ -132,4 +132,10 @@ int checkpoint_any(comm *c, const char *dir, int *dir_exists, int *any);
  * rank's. Collective. */
 int checkpoint_model_config(comm *c, const char *path, gpt_config *out, char *resolved, size_t resolved_size);
 
+/* The same, read by this process alone (before a communicator exists: each
+ * rank of a launch reads it), with the precision the run trained in as the
+ * trainer recorded it (*bf16: bf16 mixed precision; 0 when fp32 or not
+ * recorded): tp-train --resume without model options takes the run's. */
+int checkpoint_run_model(const char *path, gpt_config *out, int *bf16, char *resolved, size_t resolved_size);
+
 #endif

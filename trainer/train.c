@@ -426,13 +426,15 @@ static char *schedule_json(const train_options *o, int64_t step)
 }
 
 /* The trainer's record of the run in a checkpoint (its user JSON): the
- * batch and where its data came from. */
+ * batch, where its data came from and its precision (bf16 mixed precision
+ * keeps fp32 weights: the model's dtype does not say it). */
 static void run_record(const trainer *t, char *out, size_t size)
 {
     snprintf(out, size,
-             "{\"global_batch\":%lld,\"micro_batch\":%lld,\"grad_accum\":%lld,\"seq\":%lld,\"data\":\"%s\"}",
+             "{\"global_batch\":%lld,\"micro_batch\":%lld,\"grad_accum\":%lld,\"seq\":%lld,\"data\":\"%s\","
+             "\"precision\":\"%s\"}",
              (long long)t->global_batch, (long long)t->o->micro_batch, (long long)t->o->grad_accum,
-             (long long)t->model->T, t->o->data ? "files" : "synthetic");
+             (long long)t->model->T, t->o->data ? "files" : "synthetic", t->o->bf16 ? "bf16" : "fp32");
 }
 
 static int save(trainer *t, const char *path, const char *url, int64_t step, int sync, saver *with)
@@ -628,6 +630,12 @@ static int compare_settings(trainer *t, const load_result *loaded)
     note_change(changed, sizeof changed, "--warmup", schedule_now, schedule, "warmup");
     note_change(changed, sizeof changed, "--steps", schedule_now, schedule, "total_steps");
     note_change(changed, sizeof changed, "global batch", run_now, run, "global_batch");
+    const cJSON *precision = cJSON_GetObjectItemCaseSensitive(run, "precision");
+    if (cJSON_IsString(precision) && strcmp(precision->valuestring, o->bf16 ? "bf16" : "fp32")) {
+        size_t n = strlen(changed);
+        snprintf(changed + n, sizeof changed - n, "%s--dtype %s (was %s)", n ? ", " : "", o->bf16 ? "bf16" : "fp32",
+                 precision->valuestring);
+    }
     if (!status && o->data && cJSON_IsString(data) && !strcmp(data->valuestring, "synthetic")) {
         size_t n = strlen(changed);
         snprintf(changed + n, sizeof changed - n, "%stoken files (was synthetic data)", n ? ", " : "");

@@ -344,4 +344,23 @@ run "$TRAIN" $TINY --data "$WORK/tokens.bin" --steps 12 --ckpt-dir "$S" --resume
 check_all "resumed with the settings it was trained with: nothing said (exit $RC)" \
     '[ "$RC" -eq 0 ] && ! grep -q "other settings" "$WORK/.err"'
 
+# --resume without model options takes the run's model and precision (a
+# resume had to repeat every model option, and one without --dtype bf16
+# went on in fp32): a bf16 run of an odd shape resumed so has a straight
+# run's losses bit for bit; --dtype given still decides, and is said.
+SHAPE="--layers 2 --dim 48 --heads 3 --vocab 200 --seq 24 --vocab-pad-multiple 64 --dtype bf16 --micro-batch 2 --quiet"
+expect_ok "a bf16 run of its own shape, 6 steps straight" "$TRAIN" $SHAPE --steps 6 --log "$WORK/shape-straight.jsonl"
+expect_ok "the same, stopped at step 3" "$TRAIN" $SHAPE --steps 6 --stop-at 3 --ckpt-dir "$WORK/shape" \
+    --log "$WORK/shape.jsonl"
+expect_ok "resumed with no model option" "$TRAIN" --micro-batch 2 --quiet --steps 6 --ckpt-dir "$WORK/shape" --resume \
+    --log "$WORK/shape.jsonl"
+check "its start line says bf16" grep -q '"event":"start","step":3,.*"dtype":"bf16"' "$WORK/shape.jsonl"
+check "the straight run's losses bit for bit" losses_match "$WORK/shape.jsonl" "$WORK/shape-straight.jsonl" 0
+run "$TRAIN" --micro-batch 2 --quiet --steps 8 --ckpt-dir "$WORK/shape" --resume --dtype fp32 --stop-at 7
+check_all "--dtype fp32 given on the bf16 run: trained so, and said (exit $RC)" \
+    '[ "$RC" -eq 0 ] && grep -q "^tp-train: warning: .*was trained with other settings than this launch.s: .*--dtype fp32 (was bf16)" "$WORK/.err"'
+expect_error "--resume without model options where no checkpoint is: a usage error saying what to give" 2 \
+    "--resume without model options takes the model of the run.s newest checkpoint, and .*empty-run has none" \
+    "$TRAIN" --steps 4 --ckpt-dir "$WORK/empty-run" --resume
+
 finish
