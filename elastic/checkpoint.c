@@ -55,7 +55,10 @@ int elastic_choose_checkpoint(const char *run_dir, int threads,
         }
         else if (status && rejected) rejected(ctx, list[k].path, tp_errmsg());
     }
-    if (status && !unread) status = tp_fail(TP_ERR_NOT_FOUND, "%s: none of its %d checkpoints verifies", run_dir, n);
+    /* Checkpoints there, none intact, is not "no checkpoint": the trainer's
+     * resume refuses such a directory too, and a fresh start beside them
+     * would be nobody's wish. */
+    if (status && !unread) status = tp_fail(TP_ERR_CHECKSUM, "%s: none of its %d checkpoints verifies", run_dir, n);
     free(list);
     out->seconds = now_seconds() - start;
     return status;

@@ -110,6 +110,7 @@ typedef enum {
     ELASTIC_LOG_STEP,
     ELASTIC_LOG_STOP,
     ELASTIC_LOG_SAVE_WAIT, /* the trainer waits for a checkpoint of `step` to be written */
+    ELASTIC_LOG_SAVE,      /* the trainer committed the checkpoint of `step` */
     ELASTIC_LOG_OTHER
 } elastic_log_kind;
 
@@ -137,7 +138,8 @@ int elastic_log_read(elastic_log_follower *follower, void (*visit)(void *ctx, co
 
 /* The newest checkpoint of run_dir that verifies (every block checksum),
  * with the layout and step it holds; rejected ones are passed to `rejected`
- * with why. TP_ERR_NOT_FOUND when there is none. A checkpoint the store
+ * with why. TP_ERR_NOT_FOUND when there is no checkpoint at all;
+ * TP_ERR_CHECKSUM when there are some and none verifies. A checkpoint the store
  * could not read (ckpt_store_failure) is no rejection: the choice stops
  * there with that error, naming it, as the trainer's resume does. */
 typedef struct {

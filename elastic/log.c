@@ -1,6 +1,6 @@
 /* log.c: following the trainer's --log as it grows (elastic.h). Lines are
  * JSON objects: steps {"step":N,"loss":X,...} (X null when not finite), and events {"event":"start" |
- * "stop" | "save_wait", "step":N, ...} (docs/TOOLS.md). */
+ * "stop" | "save_wait" | "save", "step":N, ...} (docs/TOOLS.md). */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -46,6 +46,7 @@ static void parse_line(const char *text, void (*visit)(void *, const elastic_log
     else if (cJSON_IsString(event) && strcmp(event->valuestring, "start") == 0) line.kind = ELASTIC_LOG_START;
     else if (cJSON_IsString(event) && strcmp(event->valuestring, "stop") == 0) line.kind = ELASTIC_LOG_STOP;
     else if (cJSON_IsString(event) && strcmp(event->valuestring, "save_wait") == 0) line.kind = ELASTIC_LOG_SAVE_WAIT;
+    else if (cJSON_IsString(event) && strcmp(event->valuestring, "save") == 0) line.kind = ELASTIC_LOG_SAVE;
     cJSON_Delete(o);
     visit(ctx, &line);
 }

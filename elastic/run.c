@@ -95,6 +95,12 @@ typedef struct {
     double last_prune;      /* now_seconds() of the last --keep pass */
     char **kept;            /* checkpoints --keep left to their readers, each said once */
     int kept_count;
+    /* The steps of the checkpoints known intact, the only ones --keep counts
+     * among the newest: the one chosen (verified) and those the trainer
+     * committed since (its log's save lines). One that failed to verify, or
+     * was never looked at, counts for nothing. Reset at each choice. */
+    int64_t *intact;
+    int intact_count;
     char capacity_error[512]; /* why the capacity could not be read during a launch, said once; "" once read */
 } run_state;
 
@@ -439,7 +445,8 @@ typedef struct {
 } launch_watch;
 
 static int emit(run_state *s, const char *name, cJSON *event);
-static void prune_checkpoints(run_state *s, int64_t resumed_step);
+static void prune_checkpoints(run_state *s);
+static void note_intact(run_state *s, int64_t step);
 
 /* The first step of a launch: it resumed (and resharded at load when the
  * layout changed); the time from the launch to here was lost to reshard
@@ -510,7 +517,7 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
         w->save_wait = 0;
         if (w->s->o->keep > 0 && now - w->s->last_prune >= 1.0) { /* --keep as the run goes, once a second */
             w->s->last_prune = now;
-            prune_checkpoints(w->s, line->step);
+            prune_checkpoints(w->s);
         }
         if (line->step > w->s->last_step) w->s->last_step = line->step;
         if (w->s->o->progress)
@@ -522,6 +529,9 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
         w->stop_line_finished = strcmp(line->reason, "finished") == 0;
         w->stop_line_diverged = strcmp(line->reason, "diverged") == 0;
         w->stop_line_in_use = strcmp(line->reason, "in_use") == 0;
+        break;
+    case ELASTIC_LOG_SAVE: /* committed by the trainer: intact, one of --keep's newest */
+        note_intact(w->s, line->step);
         break;
     case ELASTIC_LOG_SAVE_WAIT: /* until its next step, the trainer has a save's allowance */
         w->save_wait = 1;
@@ -861,14 +871,36 @@ static int kept_already(run_state *s, const char *path, int forget)
     return 0;
 }
 
-/* --keep K: removes committed checkpoints older than the K newest, never
- * the one resumed from (it is among the newest: older ones failed to
- * verify or are older still). Nothing is removed without --keep. One that
- * another process is reading (tp-reshard, an export, an eval: it holds the
- * checkpoint's read lock) is kept, and tried again at the next pass: removed
- * under it, the reader failed calling the vanished files damaged. An event
- * says so once per checkpoint. */
-static void prune_checkpoints(run_state *s, int64_t resumed_step)
+/* Records that the checkpoint of `step` is intact (s->intact); said once. */
+static void note_intact(run_state *s, int64_t step)
+{
+    for (int i = 0; i < s->intact_count; i++)
+        if (s->intact[i] == step) return;
+    int64_t *grown = realloc(s->intact, (size_t)(s->intact_count + 1) * sizeof *grown);
+    if (!grown) return; /* not counted: --keep keeps one more, no harm */
+    s->intact = grown;
+    s->intact[s->intact_count++] = step;
+}
+
+static int is_intact(const run_state *s, int64_t step)
+{
+    for (int i = 0; i < s->intact_count; i++)
+        if (s->intact[i] == step) return 1;
+    return 0;
+}
+
+/* --keep K: removes committed checkpoints older than the K newest intact
+ * ones (s->intact). A checkpoint that failed to verify is not one of them:
+ * counted, it left the one resumed from, the only good one, to be removed
+ * as the run went (a damaged step 20 kept as "the newest", step 15 removed,
+ * and after the next failure nothing to resume from). So the one resumed
+ * from stays until the trainer has committed a newer one, and a checkpoint
+ * not known intact is never the reason another goes. Nothing is removed
+ * without --keep. One that another process is reading (tp-reshard, an
+ * export, an eval: it holds the checkpoint's read lock) is kept, and tried
+ * again at the next pass: removed under it, the reader failed calling the
+ * vanished files damaged. An event says so once per checkpoint. */
+static void prune_checkpoints(run_state *s)
 {
     const elastic_run_options *o = s->o;
     if (o->keep < 1) return;
@@ -882,9 +914,13 @@ static void prune_checkpoints(run_state *s, int64_t resumed_step)
             list[j] = list[j - 1];
             list[j - 1] = t;
         }
+    /* the K-th newest intact one: everything older goes */
+    int first_removed = n;
+    for (int i = 0, counted = 0; i < n && first_removed == n; i++)
+        if (list[i].step >= 0 && is_intact(s, list[i].step) && ++counted == o->keep) first_removed = i + 1;
     const store_ops *storage = NULL;
-    for (int i = o->keep; i < n; i++) {
-        if (list[i].step < 0 || list[i].step >= resumed_step) continue;
+    for (int i = first_removed; i < n; i++) {
+        if (list[i].step < 0) continue;
         if (!storage && store_for(list[i].path, &storage) != TP_OK) break;
         int removed = store_remove_unless_read(storage, list[i].path);
         if (removed == TP_ERR_EXISTS && kept_already(s, list[i].path, 0)) continue;
@@ -1009,13 +1045,22 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     double selecting = now_seconds();
     int status = elastic_choose_checkpoint(o->run_dir, o->verify_threads, on_rejected, s, &chosen);
     /* None committed: the run starts. Anything else (a store that could not
-     * be read) is not "no checkpoint": launched, the trainer stops at the
-     * same failure, and the launches were counted as a bug of the trainer's. */
+     * be read, or checkpoints none of which verifies) is not "no
+     * checkpoint": launched, the trainer stops at the same failure, and the
+     * launches were counted as a bug of the trainer's. */
+    if (status == TP_ERR_CHECKSUM) {
+        snprintf(why, sizeof why, "no checkpoint to resume from: %s (each one's damage is a checkpoint_rejected "
+                 "event); the trainer's resume would refuse them too; restore an intact one, or give another "
+                 "--ckpt-dir for a new run", tp_errmsg());
+        return *status_out = give_up(s, summary, why), 1;
+    }
     if (status && status != TP_ERR_NOT_FOUND) {
         snprintf(why, sizeof why, "cannot choose the checkpoint to resume from: %s", tp_errmsg());
         return *status_out = give_up(s, summary, why), 1;
     }
+    s->intact_count = 0; /* what is intact now: the choice's verdict, then the trainer's saves */
     if (!status) {
+        note_intact(s, chosen.step);
         have_checkpoint = 1;
         resumed = chosen.step;
         cJSON *e = cJSON_CreateObject();
@@ -1023,7 +1068,7 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
         cJSON_AddNumberToObject(e, "step", (double)chosen.step);
         cJSON_AddNumberToObject(e, "seconds", chosen.seconds);
         emit(s, "checkpoint_chosen", e);
-        prune_checkpoints(s, chosen.step);
+        prune_checkpoints(s);
         if (chosen.step > s->last_step) s->last_step = chosen.step;
         if (chosen.step >= o->steps) {
             fill_summary(s, summary, 1);
@@ -1065,7 +1110,7 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     char exit_text[128];
     describe_exit(wait_status, exit_text, sizeof exit_text);
     if (end == END_FINISHED && w.last_step >= o->steps) {
-        prune_checkpoints(s, w.last_step + 1);
+        prune_checkpoints(s);
         fill_summary(s, summary, 1);
         if ((*status_out = save_state(s))) return 1;
         return emit(s, "finished", cJSON_CreateObject()), 1;
@@ -1211,5 +1256,6 @@ int elastic_run(const elastic_run_options *o, elastic_summary *summary)
     store_posix()->close(s.lock); /* the next orchestrator may start */
     for (int i = 0; i < s.kept_count; i++) free(s.kept[i]);
     free(s.kept);
+    free(s.intact);
     return status;
 }

@@ -38,7 +38,8 @@ static const char run_usage[] =
     "planner:   --memory-per-rank SIZE --allow-batch-change\n"
     "record:    --events FILE (STATE/events.jsonl); state and trainer output in --state-dir STATE (DIR/elastic;\n"
     "           for a DIR in an object store, http(s):// or s3:// (docs/STORES.md): $TMPDIR/tp-elastic-HASH)\n"
-    "           --keep K: remove checkpoints older than the K newest (none is removed without it)\n"
+    "           --keep K: remove checkpoints older than the K newest intact ones (the one resumed from and those\n"
+    "           the trainer committed since; none is removed without it)\n"
     "Exit status: 0 when the last step is reached, 1 when it gave up (the reason is printed), 2 on usage errors.\n"
     "SIGINT or SIGTERM: the trainer checkpoints and stops; tp-elastic run again continues the run.\n";
 

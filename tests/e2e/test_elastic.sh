@@ -1,7 +1,7 @@
 #!/bin/sh
 # End-to-end tests of `tp-elastic run` with mpirun (docs/ELASTIC.md): a hang,
 # a slow commit that is not one, capacity growing, capacity below --min-world, a trainer that always fails,
-# one that diverges,
+# one that diverges, --keep beside a damaged checkpoint, every checkpoint damaged,
 # the orchestrator itself killed and restarted, a damaged newest checkpoint
 # (a rank killed while capacity shrinks: test_elastic_recover.sh). In every
 # case the run reaches its last step, recomputes no more than the steps since
@@ -342,6 +342,44 @@ expect_ok "--keep 2: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 
 check_all "--keep 2: the two newest checkpoints are left" '[ "$(ls -d "$R"/step_* | wc -l)" -eq 2 ] && [ -d "$R/$(printf step_%08d "$STEPS")" ]'
 check "--keep 2: each removal is an event ($((STEPS / EVERY - 2)) of $((STEPS / EVERY)) checkpoints)" \
     [ "$(events "$R" checkpoint_removed)" -eq $((STEPS / EVERY - 2)) ]
+
+# --------------------------------------- --keep beside a damaged checkpoint
+# A finished run of 20 steps whose newest checkpoint (20) is damaged, run on
+# to step 30 with --keep 1, the trainer dying once at step 18: step 20 is
+# rejected and the run resumes from 15, which must stay until the trainer
+# has committed a newer one. Before, the damaged 20 counted as "the newest":
+# 15 was removed at the first step, and after the failure only the damaged
+# one was left; three launches failed and tp-elastic gave up.
+R="$WORK/keepdamaged"
+KEEP_ARGS="--layers 2 --dim 64 --heads 4 --vocab 256 --seq 32 --global-batch 4 --ckpt-every 5 --quiet"
+expect_ok "--keep beside damage: a run of 20 steps" "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST \
+    -- "$TRAIN" $KEEP_ARGS --steps 20
+shard=$(ls "$R"/step_00000020/shard_pp*_tp*.h5 | head -1)
+flip_byte "$shard" "$(data_offset "$shard" model/tok_embed.weight)"
+expect_ok "--keep 1 beside a damaged newest checkpoint, a rank dying at step 18: the run finishes" "$ELASTIC" run \
+    --ckpt-dir "$R" --world 1 --keep 1 $FAST -- "$TRAIN" $KEEP_ARGS --steps 30 --fault die --fault-step 18 \
+    --fault-once "$R.fault"
+check_all "--keep beside damage: one failure, relaunched from step 15 twice, step 30 the only checkpoint left" \
+    '[ "$(events "$R" failure)" -eq 1 ] && [ "$(grep -c "step_00000015\",\"step\":15,.*checkpoint_chosen" "$R/elastic/events.jsonl")" -eq 2 ] &&
+     [ "$(ls "$R" | grep step_ | tr "\n" " ")" = "step_00000030 " ]'
+check "--keep beside damage: step 15 removed only after the trainer committed a newer one" "$PY" -c '
+import json, sys
+events = [json.loads(l) for l in open(sys.argv[1] + "/elastic/events.jsonl")]
+saves = [json.loads(l) for l in open(sys.argv[1] + "/elastic/train.jsonl") if "\"save\"" in l]
+removed = [e for e in events if e["event"] == "checkpoint_removed" and e["path"].endswith("step_00000015")]
+sys.exit(not (len(removed) == 1 and any(s["step"] > 15 and s["time"] <= removed[0]["time"] for s in saves)) and
+         "removed %s, saves %s" % (removed, saves))' "$R"
+# Every checkpoint damaged: nothing to resume from, said at once (exit 1),
+# nothing launched. Before, the trainer was launched three times and
+# called "a bug".
+R="$WORK/alldamaged"
+expect_ok "all damaged: a run of 5 steps" "$TRAIN" $KEEP_ARGS --steps 5 --ckpt-dir "$R"
+shard=$(ls "$R"/step_00000005/shard_pp*_tp*.h5 | head -1)
+flip_byte "$shard" "$(data_offset "$shard" model/tok_embed.weight)"
+expect_error "every checkpoint damaged: given up at once, saying none verifies" 1 \
+    "no checkpoint to resume from: $R: none of its 1 checkpoints verifies" \
+    "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST -- "$TRAIN" $KEEP_ARGS --steps 10
+check "all damaged: nothing launched" [ "$(events "$R" launch)" -eq 0 ]
 
 # ------------------------------------------------------------------- plan
 expect_ok "plan: 8 ranks, JSON" "$ELASTIC" plan --world 8 --model small --global-batch 16 --ranks-per-node 4 --json

@@ -403,7 +403,8 @@ Test(elastic, stop_group_never_signals_init_or_its_own)
 /* ---------------------------------------------------------------- the log */
 
 typedef struct {
-    int steps, starts, others, stops, save_waits;
+    int steps, starts, others, stops, save_waits, saves;
+    int64_t saved_step;
     int64_t last_step;
     double last_loss, last_time;
 } log_count;
@@ -416,6 +417,8 @@ static void count_line(void *ctx, const elastic_log_line *line)
     c->others += line->kind == ELASTIC_LOG_OTHER;
     c->stops += line->kind == ELASTIC_LOG_STOP;
     c->save_waits += line->kind == ELASTIC_LOG_SAVE_WAIT;
+    c->saves += line->kind == ELASTIC_LOG_SAVE;
+    if (line->kind == ELASTIC_LOG_SAVE) c->saved_step = line->step;
     if (line->kind == ELASTIC_LOG_START) cr_assert_float_eq(line->seconds, 0.5, 1e-12);
     if (line->kind == ELASTIC_LOG_STEP) {
         c->last_step = line->step;
@@ -456,7 +459,7 @@ Test(elastic, log_is_followed_line_by_line_as_it_grows)
     cr_assert_eq(c.steps, 1, "the line being written waits for its end");
     cr_assert_float_eq(c.last_time, 1700000000.25, 1e-6, "the trainer's clock, by which steps are timed");
     fputs("ss\":5.25}\nnot json\n{\"event\":\"note\",\"step\":2}\n{\"event\":\"save_wait\",\"step\":1}\n"
-          "{\"event\":\"stop\",\"step\":2,\"reason\":\"finished\"}\n",
+          "{\"event\":\"save\",\"step\":2,\"seconds\":0.1}\n{\"event\":\"stop\",\"step\":2,\"reason\":\"finished\"}\n",
           out);
     fclose(out);
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
@@ -467,6 +470,8 @@ Test(elastic, log_is_followed_line_by_line_as_it_grows)
     cr_assert_eq(c.others, 1, "an event of another kind is passed on as such");
     cr_assert_eq(c.stops, 1);
     cr_assert_eq(c.save_waits, 1, "a wait for a save is told apart");
+    cr_assert_eq(c.saves, 1, "a committed checkpoint is told apart (--keep counts it intact)");
+    cr_assert_eq(c.saved_step, 2);
     cr_assert_eq(elastic_log_read(&f, count_line, &c), TP_OK);
     cr_assert_eq(c.steps, 2, "nothing read twice");
 }
@@ -589,6 +594,16 @@ Test(elastic, the_newest_checkpoint_that_verifies_is_chosen)
     cr_assert_eq(chosen.step, 2);
     cr_assert_eq(rejected.count, 1);
     cr_assert(strstr(rejected.first, "step_00000004"), "%s", rejected.first);
+    /* Every checkpoint damaged is not "none there" (TP_ERR_NOT_FOUND, a
+     * fresh start): before, the trainer was launched, refused them, and was
+     * called a bug. */
+    snprintf(shard, sizeof shard, "%s/step_00000002/shard_pp00_tp00.h5", dir);
+    cr_assert_eq(unlink(shard), 0, "%s", shard);
+    rejected = (rejected_list){0};
+    int status = elastic_choose_checkpoint(dir, 2, on_rejected, &rejected, &chosen);
+    cr_assert_eq(status, TP_ERR_CHECKSUM, "%s (%s)", tp_status_name(status), tp_errmsg());
+    cr_assert_eq(rejected.count, 2);
+    cr_assert(strstr(tp_errmsg(), "none of its 2 checkpoints verifies"), "%s", tp_errmsg());
 }
 
 /* A newest checkpoint the store cannot read (a shard that fails to open
