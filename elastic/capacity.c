@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "../ckpt/ckpt.h"
 #include "../common/error.h"
@@ -73,33 +74,62 @@ static int read_hostfile(const char *path, elastic_capacity *out)
     return status;
 }
 
-/* Runs a command and reads its output (up to size - 1 bytes). */
+/* Runs a command and reads its output (up to size - 1 bytes, stderr with
+ * it). A command that fails is an error saying how, with what it said: its
+ * output is no answer. */
 static int command_output(const char *command, char *out, size_t size)
 {
-    FILE *p = popen(command, "r");
+    char *with_errors = malloc(strlen(command) + 8);
+    if (!with_errors) return tp_fail(TP_ERR_NOMEM, "out of memory running '%s'", command);
+    sprintf(with_errors, "%s 2>&1", command);
+    FILE *p = popen(with_errors, "r");
+    free(with_errors);
     if (!p) return tp_fail(TP_ERR_IO, "cannot run '%s': %s", command, strerror(errno));
     size_t n = fread(out, 1, size - 1, p);
     out[n] = '\0';
     int status = pclose(p);
-    if (status != 0) return tp_fail(TP_ERR_IO, "'%s' failed (status %d): %s", command, status, out);
-    return TP_OK;
+    if (status == 0) return TP_OK;
+    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == ' ')) out[--n] = '\0';
+    for (char *c = out; *c; c++) /* the message on one line */
+        if ((unsigned char)*c < ' ') *c = ' ';
+    char how[64];
+    if (status == -1) snprintf(how, sizeof how, "could not be waited for");
+    else if (WIFEXITED(status)) snprintf(how, sizeof how, "exit status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status)) snprintf(how, sizeof how, "killed by signal %d", WTERMSIG(status));
+    else snprintf(how, sizeof how, "wait status %d", status);
+    return tp_fail(TP_ERR_IO, "'%s' failed (%s): %.1000s", command, how, n ? out : "(it said nothing)");
 }
 
 /* The nodes of the allocation as Slurm sees them now (the SLURM_*
  * environment of the allocation is not updated when it shrinks): its node
- * list from squeue, expanded by scontrol, less the nodes that are down. */
+ * list from squeue, expanded by scontrol, less the nodes that are down.
+ * Each command's failure is the capacity's failure to be read, never an
+ * answer: squeue was once run inside scontrol's arguments
+ * (`scontrol show hostnames "$(squeue ...)"`), which lost its exit status,
+ * and a controller that did not answer read as an allocation of 0 nodes
+ * (the trainer stopped, waiting for capacity). */
 static int read_slurm(const elastic_capacity_source *source, elastic_capacity *out)
 {
     for (const char *c = source->job_id; *c; c++)
         if ((*c < '0' || *c > '9') && *c != '_')
             return tp_fail(TP_ERR_ARG, "Slurm job id '%s' is not a number", source->job_id);
-    char command[512], nodes[65536];
-    snprintf(command, sizeof command,
-             "scontrol show hostnames \"$(squeue -h -j %s -o %%N)\" 2>&1", source->job_id);
-    TP_TRY(command_output(command, nodes, sizeof nodes));
+    char list[65536], nodes[65536], command[512 + sizeof list];
+    snprintf(command, sizeof command, "squeue -h -j %s -o %%N", source->job_id);
+    TP_TRY(command_output(command, list, sizeof list));
+    list[strcspn(list, "\n")] = '\0';
+    /* a hostlist ("n[1-3,7],gpu-a"), passed to a shell quoted: nothing else */
+    for (const char *c = list; *c; c++)
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.,-[]", *c))
+            return tp_fail(TP_ERR_FORMAT, "squeue -j %s: expected the job's node list, got '%.200s'",
+                           source->job_id, list);
+    nodes[0] = '\0';
+    if (list[0]) { /* none: a job that holds no node now (scontrol would read stdin) */
+        snprintf(command, sizeof command, "scontrol show hostnames '%s'", list);
+        TP_TRY(command_output(command, nodes, sizeof nodes));
+    }
     for (char *name = strtok(nodes, "\n"); name; name = strtok(NULL, "\n")) {
         char state[256], cpus[64];
-        snprintf(command, sizeof command, "sinfo -h -N -n '%s' -o '%%T %%c' 2>&1", name);
+        snprintf(command, sizeof command, "sinfo -h -N -n '%s' -o '%%T %%c'", name);
         TP_TRY(command_output(command, state, sizeof state));
         if (sscanf(state, "%*s %63s", cpus) != 1) return tp_fail(TP_ERR_IO, "sinfo on node %s said '%s'", name, state);
         /* down, drained, failing or not responding ("*"): not usable */

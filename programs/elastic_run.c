@@ -227,10 +227,17 @@ int elastic_run_main(int argc, char **argv)
     /* A capacity file is re-read as the run goes, and a moment unreadable
      * there (being rewritten) is waited out; at the start, one missing or
      * holding anything but its number is a mistake, refused at once rather
-     * than waited on for --capacity-wait. */
-    if (o.capacity.kind == ELASTIC_CAPACITY_WORLD_FILE || o.capacity.kind == ELASTIC_CAPACITY_HOSTFILE) {
+     * than waited on for --capacity-wait. So is a Slurm that does not
+     * answer at the start (its controller unreachable from here, its
+     * commands missing): said as that, not waited on as too few nodes. */
+    if (o.capacity.kind != ELASTIC_CAPACITY_WORLD) {
         elastic_capacity first;
-        if (elastic_capacity_read(&o.capacity, &first)) return cli_error(PROGRAM, "%s", tp_errmsg());
+        if (elastic_capacity_read(&o.capacity, &first)) {
+            if (o.capacity.kind == ELASTIC_CAPACITY_SLURM)
+                return cli_error(PROGRAM, "cannot read the nodes of Slurm job %s (does its controller answer?): %s",
+                                 o.capacity.job_id, tp_errmsg());
+            return cli_error(PROGRAM, "%s", tp_errmsg());
+        }
     }
     /* Another tool's checkpoint, or one of ours, is no run directory: said
      * once, before the state directory is made in it, not relaunched (the

@@ -258,6 +258,19 @@ printf '4x\n' >"$WORK/world.bad"
 expect_error "a malformed --world-file: refused at once, naming what it holds" 1 "world.bad: expected .* got '4x" \
     timeout 20 "$ELASTIC" run --ckpt-dir "$WORK/badfile" --world-file "$WORK/world.bad" $FAST -- "$TRAIN" $TRAIN_ARGS
 check "a malformed --world-file: nothing written" [ ! -e "$WORK/badfile" ]
+# Inside a Slurm allocation whose controller does not answer (squeue fails;
+# a fake on PATH): said at once, naming the job and squeue's error. Before,
+# squeue's failure was lost inside scontrol's arguments and read as an
+# allocation of 0 nodes, waited on for --capacity-wait.
+mkdir -p "$WORK/slurm-down"
+printf '#!/bin/sh\necho "slurm_load_jobs error: Unable to contact slurm controller (connect failure)" >&2\nexit 1\n' \
+    >"$WORK/slurm-down/squeue"
+chmod +x "$WORK/slurm-down/squeue"
+expect_error "Slurm unreachable at the start: said at once, naming the job and squeue's error" 1 \
+    "cannot read the nodes of Slurm job 77 \\(does its controller answer\\?\\): 'squeue -h -j 77 -o %N' failed \\(exit status 1\\): slurm_load_jobs error: Unable to contact slurm controller" \
+    env PATH="$WORK/slurm-down:$PATH" SLURM_JOB_ID=77 timeout 20 "$ELASTIC" run --ckpt-dir "$WORK/slurmdown" $FAST \
+    -- "$TRAIN" $TRAIN_ARGS
+check "Slurm unreachable at the start: nothing written" [ ! -e "$WORK/slurmdown" ]
 
 # ------------------------------------------------------------- --hostfile
 # Capacity from an Open MPI host file (this machine, 3 slots): mpirun is

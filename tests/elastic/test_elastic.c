@@ -120,6 +120,60 @@ static int has_pair(char **argv, const char *a, const char *b)
     return 0;
 }
 
+/* fake_slurm: squeue, scontrol and sinfo as small scripts in DIR/bin, put
+ * first on PATH: an allocation of n1 and n2 (n2 down), 4 CPUs each; squeue
+ * fails as a controller that does not answer while DIR/down exists. */
+static void fake_slurm(char *old_path, size_t size)
+{
+    char bin[600], path[8192];
+    snprintf(bin, sizeof bin, "%s/bin", dir);
+    cr_assert_eq(mkdir(bin, 0755), 0, "%s", bin);
+    const char *scripts[][2] = {
+        {"squeue", "#!/bin/sh\nif [ -e \"$(dirname \"$0\")/../down\" ]; then\n"
+                   "  echo 'slurm_load_jobs error: Unable to contact slurm controller (connect failure)' >&2; exit 1\nfi\n"
+                   "echo 'n[1-2]'\n"},
+        /* the real one, given "", prints nothing and exits 0 */
+        {"scontrol", "#!/bin/sh\n[ \"$3\" = 'n[1-2]' ] && printf 'n1\\nn2\\n'\nexit 0\n"},
+        {"sinfo", "#!/bin/sh\ncase \"$*\" in *n2*) echo 'down* 4' ;; *) echo 'idle 4' ;; esac\n"},
+    };
+    for (size_t i = 0; i < sizeof scripts / sizeof *scripts; i++) {
+        snprintf(path, sizeof path, "%s/%s", bin, scripts[i][0]);
+        write_text(path, scripts[i][1]);
+        cr_assert_eq(chmod(path, 0755), 0, "%s", path);
+    }
+    snprintf(old_path, size, "%s", getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+    snprintf(path, sizeof path, "%s:%s", bin, old_path);
+    setenv("PATH", path, 1);
+}
+
+/* The allocation's nodes that are up, asked of Slurm; a controller that
+ * does not answer is an error (the capacity unreadable: a launch goes on),
+ * never an allocation of 0 nodes. Before, squeue ran inside scontrol's
+ * arguments, its failure lost: world 0, and the trainer was stopped to
+ * wait for capacity. */
+Test(elastic, slurm_capacity_unreadable_is_not_zero_nodes)
+{
+    char old_path[4096];
+    fake_slurm(old_path, sizeof old_path);
+    elastic_capacity_source source = {.kind = ELASTIC_CAPACITY_SLURM, .job_id = "77"};
+    elastic_capacity c;
+    int status = elastic_capacity_read(&source, &c);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.nodes, 1, "n2 is down");
+    cr_assert_str_eq(c.node_names[0], "n1");
+    cr_assert_eq(c.world, 4, "n1's CPUs");
+    char down[600];
+    snprintf(down, sizeof down, "%s/down", dir);
+    write_text(down, "");
+    status = elastic_capacity_read(&source, &c);
+    setenv("PATH", old_path, 1);
+    cr_assert_eq(status, TP_ERR_IO, "a controller that does not answer: %s, world %d", tp_status_name(status),
+                 c.world);
+    cr_assert(strstr(tp_errmsg(), "squeue -h -j 77 -o %N' failed (exit status 1): slurm_load_jobs error: "
+                                  "Unable to contact slurm controller"),
+              "%s", tp_errmsg());
+}
+
 Test(elastic, mpirun_command_line)
 {
     char *train[] = {"tp-train", "--model", "tiny", NULL};
