@@ -23,7 +23,8 @@ static const char run_usage[] =
     "available, keeping the global batch; when capacity grows it asks the trainer to checkpoint and relaunches\n"
     "larger. ARGS give the model, --global-batch B (sequences per step), --steps and the rest (--micro-batch M:\n"
     "the largest to use). tp-elastic sets --tp/--pp/--dp, --grad-accum, --sequence-parallel, --virtual-stages,\n"
-    "--zero, --ckpt-dir, --resume and --log itself and refuses them in ARGS, as any option tp-train lacks.\n"
+    "--zero, --ckpt-dir, --resume and --log itself and refuses them in ARGS, as any option tp-train lacks,\n"
+    "--stop-at (give --steps the step to end at) and a word that is no option's value.\n"
     "\n"
     "capacity:  --world N | --world-file FILE (re-read when it changes) | --hostfile FILE (Open MPI's) |\n"
     "           inside a Slurm allocation, its nodes (asked of Slurm)\n"
@@ -86,6 +87,17 @@ static void on_progress(void *ctx, int64_t step, int64_t steps, double loss, con
 static const char *const owned[] = {"--tp", "--pp", "--dp", "--grad-accum", "--ckpt-dir", "--resume", "--log",
                                     "--sequence-parallel", "--virtual-stages", "--zero", NULL};
 
+/* Options of tp-train that make no sense under tp-elastic, and why. */
+static const struct {
+    const char *name, *why;
+} refused[] = {
+    /* The trainer's clean stop before --steps (exit 0) cannot be told from a
+     * launch that ended early: it was relaunched as a failure, 3 times, and
+     * called a bug. */
+    {"--stop-at", "--stop-at would end each launch before --steps, which tp-elastic takes for a failure; give "
+                  "--steps the step to end at (a later tp-elastic run with more --steps continues the run)"},
+};
+
 /* tp-train's option named by `word` ("--name" or "--name=value"; the
  * model's and the trainer's, as tp-train takes them), NULL when it has none
  * of that name. */
@@ -104,12 +116,23 @@ static const struct option *train_option(const char *word)
 static void read_train_args(char **args, elastic_run_options *o)
 {
     gpt_options model = {0};
-    int have_batch = 0;
+    int have_batch = 0, options_began = 0;
     for (int i = 1; args[i]; i++) {
         const char *a = args[i];
-        if (strncmp(a, "--", 2) != 0) continue;
+        /* Among the options, a word that is no option's value (an option's
+         * value is stepped over below): tp-train refuses it, and each
+         * launch was refused. Words before the first option are a
+         * wrapper's own (`sh script.sh --model ...`, as tests launch). */
+        if (strncmp(a, "--", 2) != 0) {
+            if (options_began)
+                cli_usage_error(PROGRAM, "tp-train takes no argument '%s' that is not an option's value", a);
+            continue;
+        }
+        options_began = 1;
         const struct option *known = train_option(a);
         if (!known) cli_usage_error(PROGRAM, "tp-train has no option %s (tp-train --help lists them)", a);
+        for (size_t k = 0; k < sizeof refused / sizeof *refused; k++)
+            if (strcmp(known->name, refused[k].name + 2) == 0) cli_usage_error(PROGRAM, "%s", refused[k].why);
         for (int k = 0; owned[k]; k++)
             if (strcmp(known->name, owned[k] + 2) == 0)
                 cli_usage_error(PROGRAM, "%s is tp-elastic's to set; leave it out of the trainer's arguments",

@@ -436,6 +436,15 @@ expect_error "a trainer flag given a value" 2 "--quiet takes no value" "$ELASTIC
     --ckpt-dir "$WORK/u" --world 2 -- "$TRAIN" $TRAIN_ARGS --quiet=1
 expect_error "a layout option as --name=value" 2 "--zero is tp-elastic's" "$ELASTIC" run \
     --ckpt-dir "$WORK/u" --world 2 -- "$TRAIN" $TRAIN_ARGS --zero=1
+# --stop-at: the trainer's clean stop before --steps was taken for a
+# failure, relaunched 3 times and called a bug (exit 1). A stray word among
+# the trainer's options was launched, refused by tp-train, 3 times.
+expect_error "--stop-at for the trainer: refused before any launch" 2 \
+    "--stop-at would end each launch before --steps" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2 $FAST \
+    -- "$TRAIN" $TRAIN_ARGS --stop-at 20
+expect_error "a stray word among the trainer's options: refused before any launch" 2 \
+    "tp-train takes no argument 'stray'" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2 $FAST \
+    -- "$TRAIN" $TRAIN_ARGS stray
 check "usage errors: nothing written" [ ! -e "$WORK/u" ]
 expect_error "no trainer" 2 "after '--'" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2
 finish
