@@ -215,6 +215,8 @@ typedef struct {
     double wall_seconds, training_seconds; /* training: step time that was kept */
     double lost_seconds[5];  /* detection, selection, reshard, relaunch, lost work */
     char reason[1024];       /* why it gave up */
+    int usage_error;         /* the trainer refused its arguments (exit status 2 on the first launch): the
+                                caller's usage error, not relaunched */
 } elastic_summary;
 
 extern const char *const elastic_lost_names[5];

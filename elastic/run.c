@@ -89,6 +89,7 @@ typedef struct {
     double lost[5], wall_before;
     double slowest_step;    /* seconds: the slowest step of any launch (elastic_hang_allowance) */
     /* this orchestrator's */
+    int launches_before;    /* launches of earlier orchestrators (state.json) */
     double started;
     double step_seconds_sum;
     int64_t step_count;
@@ -394,6 +395,7 @@ static int open_state(run_state *s, const elastic_run_options *o)
     if (!o->events_path) snprintf(s->events_path, sizeof s->events_path, "%s/events.jsonl", s->dir);
     TP_TRY(orchestrator_lock(s));
     TP_TRY(load_state(s));
+    s->launches_before = s->launches;
     /* The trainer's log is read as it grows; a FIFO there would block the
      * reads (and the trainer): refused before anything is launched. */
     TP_TRY(tp_refuse_special(s->log_path));
@@ -652,7 +654,10 @@ static int says_something(const char *line, size_t length)
 
 /* The trainer's last line of output that says something (its error, as a
  * rule its lines come before the launcher's own), for a one-line diagnosis:
- * the last line naming an error, else the last that says something. */
+ * the trainer's own last line ("tp-train: ...", its errors and usage
+ * errors; not a warning), else the last line naming an error, else the last that says
+ * something. The trainer's comes first: mpirun's banner that follows it
+ * ("Exit code:    2") was quoted in its place. */
 static void output_tail(const char *path, char *out, size_t size, int *no_space)
 {
     char buffer[8192];
@@ -672,8 +677,8 @@ static void output_tail(const char *path, char *out, size_t size, int *no_space)
     fclose(f);
     buffer[n] = '\0';
     *no_space = strstr(buffer, strerror(ENOSPC)) != NULL;
-    const char *chosen = NULL, *error = NULL;
-    size_t chosen_length = 0, error_length = 0;
+    const char *chosen = NULL, *error = NULL, *trainer = NULL;
+    size_t chosen_length = 0, error_length = 0, trainer_length = 0;
     for (char *line = buffer; line < buffer + n;) {
         char *next = strchr(line, '\n');
         size_t length = next ? (size_t)(next - line) : strlen(line);
@@ -681,10 +686,13 @@ static void output_tail(const char *path, char *out, size_t size, int *no_space)
             chosen = line;
             chosen_length = length;
             if (memmem(line, length, "error", 5)) error = line, error_length = length;
+            if (length > 9 && strncmp(line, "tp-train:", 9) == 0 && strncmp(line, "tp-train: warning:", 18) != 0)
+                trainer = line, trainer_length = length;
         }
         line += length + 1;
     }
     if (error) chosen = error, chosen_length = error_length;
+    if (trainer) chosen = trainer, chosen_length = trainer_length;
     if (!chosen) return;
     size_t length = chosen_length < size - 1 ? chosen_length : size - 1;
     memcpy(out, chosen, length);
@@ -1164,6 +1172,22 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
      * relaunch would be refused alike (it was relaunched --repeat-limit
      * times, then called a bug of the trainer's, quoting the banner's last
      * line). */
+    /* Exit status 2 is tp-train's usage error (a value it refuses: --lr
+     * abc): on this orchestrator's first launch, before the trainer said it
+     * started, it is the arguments given, which every relaunch would repeat
+     * (it was relaunched --repeat-limit times, then called a bug, quoting
+     * mpirun's banner). Not relaunched; the caller's usage error. */
+    if (end == END_FAILED && !final && !w.started && s->launches == s->launches_before + 1 &&
+        WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 2) {
+        char tail[600];
+        int no_space = 0;
+        output_tail(output, tail, sizeof tail, &no_space);
+        snprintf(why, sizeof why, "the trainer refused its arguments (exit status 2 on the first launch, before it "
+                 "started; not relaunched): %s (%s)", tail[0] ? tail : "it said nothing", output);
+        *status_out = give_up(s, summary, why);
+        summary->usage_error = 1;
+        return 1;
+    }
     if (end == END_FAILED && !final && output_says(output, "mpirun has detected an attempt to run as root")) {
         snprintf(why, sizeof why, "mpirun refuses to run as root (%s): run tp-elastic as another user, or set "
                  "OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 to let it", output);

@@ -41,7 +41,8 @@ static const char run_usage[] =
     "           for a DIR in an object store, http(s):// or s3:// (docs/STORES.md): $TMPDIR/tp-elastic-HASH)\n"
     "           --keep K: remove checkpoints older than the K newest intact ones (the one resumed from and those\n"
     "           the trainer committed since; none is removed without it)\n"
-    "Exit status: 0 when the last step is reached, 1 when it gave up (the reason is printed), 2 on usage errors.\n"
+    "Exit status: 0 when the last step is reached, 1 when it gave up (the reason is printed), 2 on usage errors,\n"
+    "the trainer's too (it exits 2 on its first launch: not relaunched, its error quoted).\n"
     "SIGINT or SIGTERM: the trainer checkpoints and stops; tp-elastic run again continues the run.\n";
 
 static void on_signal(int sig)
@@ -293,6 +294,6 @@ int elastic_run_main(int argc, char **argv)
     printf("wall %.1f s, lost %.1f s (", s.wall_seconds, lost);
     for (int i = 0; i < 5; i++) printf("%s%s %.1f s", i ? ", " : "", elastic_lost_names[i], s.lost_seconds[i]);
     printf("), effective training time %.1f%%\n", s.wall_seconds > 0 ? 100 * s.training_seconds / s.wall_seconds : 0);
-    if (!s.finished && s.reason[0]) return cli_error(PROGRAM, "%s", s.reason);
-    return s.finished ? 0 : 1;
+    if (!s.finished && s.reason[0]) cli_error(PROGRAM, "%s", s.reason);
+    return s.finished ? 0 : s.usage_error ? 2 : 1;
 }

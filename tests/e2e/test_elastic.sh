@@ -445,6 +445,15 @@ expect_error "--stop-at for the trainer: refused before any launch" 2 \
 expect_error "a stray word among the trainer's options: refused before any launch" 2 \
     "tp-train takes no argument 'stray'" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2 $FAST \
     -- "$TRAIN" $TRAIN_ARGS stray
+# A value tp-train refuses (its usage error, exit status 2) on the first
+# launch: not relaunched; exit 2, quoting the trainer's own line. Before, it
+# was launched 3 times and called "a bug", quoting mpirun's banner
+# ("Exit code:    2").
+R="$WORK/badlr"
+expect_error "a value the trainer refuses: one launch, exit 2, the trainer's line quoted" 2 \
+    "the trainer refused its arguments .*: tp-train: --lr expects a non-negative decimal number .*got 'abc'" \
+    "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST -- "$TRAIN" $TRAIN_ARGS --lr abc
+check "a value the trainer refuses: one launch" [ "$(events "$R" launch)" -eq 1 ]
 check "usage errors: nothing written" [ ! -e "$WORK/u" ]
 expect_error "no trainer" 2 "after '--'" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2
 finish
