@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -289,6 +290,24 @@ int cli_write_output(const char *target, int replace, store_replace_check may_re
     int uploaded = ckpt_output_finish(target, local, status == TP_OK, &upload, update_latest);
     ckpt_run_claim_release(claim);
     return status ? status : uploaded;
+}
+
+int cli_checkpoint_around(const char *path, char *ckpt, size_t size)
+{
+    char parent[TP_PATH_MAX], base[TP_PATH_MAX], dir[PATH_MAX];
+    if (!realpath(path, dir) &&
+        (tp_split_path(path, parent, sizeof parent, base, sizeof base) || !realpath(parent, dir)))
+        return 0;
+    for (;;) {
+        char up[TP_PATH_MAX], name[TP_PATH_MAX];
+        if (tp_split_path(dir, up, sizeof up, name, sizeof name)) return 0; /* the root */
+        if (ckpt_step_of_name(name) >= 0 || ckpt_is_committed(dir)) {
+            snprintf(ckpt, size, "%s", dir);
+            return 1;
+        }
+        if (strcmp(up, dir) == 0) return 0;
+        snprintf(dir, sizeof dir, "%s", up);
+    }
 }
 
 int cli_output_apart(const char *program, const char *input, const char *output)

@@ -139,6 +139,15 @@ int cli_write_output(const char *target, int replace, store_replace_check may_re
  * itself to report. */
 int cli_output_apart(const char *program, const char *input, const char *output);
 
+/* Whether path is a checkpoint or lies inside one (a directory step_N,
+ * committed or being written, or any committed checkpoint), looking at
+ * path itself when it exists, else from its parent up: 1, with the
+ * checkpoint's resolved path in ckpt; 0 when apart, or when neither path
+ * nor its parent resolves (the command's own open reports that). One rule
+ * for whatever a command would write among a checkpoint's files: tp-elastic
+ * report's picture, tp-elastic run's state directory and events. */
+int cli_checkpoint_around(const char *path, char *ckpt, size_t size);
+
 /* The source's layout for a summary: the one it was saved at
  * (ckpt_reader_saved_layout: a torch_dist checkpoint, or a DCP one with
  * this toolkit's description, is read as whole tensors at tp 1 pp 1). */

@@ -330,19 +330,11 @@ static int write_marked(report_kind kind, const char *from, const char *to)
  * resolve (the staging reports that). */
 static int output_in_checkpoint(const char *output)
 {
-    char parent[TP_PATH_MAX], base[TP_PATH_MAX], dir[PATH_MAX];
-    if (tp_split_path(output, parent, sizeof parent, base, sizeof base) || !realpath(parent, dir)) return 0;
-    for (;;) {
-        char up[TP_PATH_MAX], name[TP_PATH_MAX];
-        if (tp_split_path(dir, up, sizeof up, name, sizeof name)) return 0; /* the root */
-        if (ckpt_step_of_name(name) >= 0 || ckpt_is_committed(dir)) {
-            cli_error(PROGRAM, "the output %s lies inside the checkpoint %s: a report is never written into a "
-                      "checkpoint; choose a path outside it", output, dir);
-            return 2;
-        }
-        if (strcmp(up, dir) == 0) return 0;
-        snprintf(dir, sizeof dir, "%s", up);
-    }
+    char ckpt[PATH_MAX];
+    if (!cli_checkpoint_around(output, ckpt, sizeof ckpt)) return 0;
+    cli_error(PROGRAM, "the output %s lies inside the checkpoint %s: a report is never written into a checkpoint; "
+              "choose a path outside it", output, ckpt);
+    return 2;
 }
 
 /* Runs gnuplot on the plot's script (which draws into this command's

@@ -38,7 +38,8 @@ static const char run_usage[] =
     "           steps longer than the heartbeat are not hangs (0: the timeouts alone)\n"
     "planner:   --memory-per-rank SIZE --allow-batch-change\n"
     "record:    --events FILE (STATE/events.jsonl); state and trainer output in --state-dir STATE (DIR/elastic;\n"
-    "           for a DIR in an object store, http(s):// or s3:// (docs/STORES.md): $TMPDIR/tp-elastic-HASH)\n"
+    "           for a DIR in an object store, http(s):// or s3:// (docs/STORES.md): $TMPDIR/tp-elastic-HASH);\n"
+    "           neither inside a checkpoint\n"
     "           --keep K: remove checkpoints older than the K newest intact ones (the one resumed from and those\n"
     "           the trainer committed since; none is removed without it)\n"
     "Exit status: 0 when the last step is reached, 1 when it gave up (the reason is printed), 2 on usage errors,\n"
@@ -273,6 +274,17 @@ int elastic_run_main(int argc, char **argv)
     if (refused[0]) {
         cli_error(PROGRAM, "%s", refused);
         return 2; /* as tp-train's refusal */
+    }
+    /* The state directory and the events file are written as the run goes:
+     * inside a checkpoint, --keep removed them with it (events, the
+     * trainer's log and state.json gone, then "state.json.tmp: cannot
+     * open"), and nothing is written among a checkpoint's files anyway. */
+    const char *written[][2] = {{"--state-dir", o.state_dir}, {"--events", o.events_path}};
+    for (size_t i = 0; i < sizeof written / sizeof *written; i++) {
+        char ckpt[4200];
+        if (written[i][1] && cli_checkpoint_around(written[i][1], ckpt, sizeof ckpt))
+            cli_usage_error(PROGRAM, "%s %s lies inside the checkpoint %s: tp-elastic writes nothing into a "
+                            "checkpoint; choose a path outside it", written[i][0], written[i][1], ckpt);
     }
     printer p = {isatty(2), 0};
     o.event = on_event;

@@ -454,6 +454,20 @@ expect_error "a value the trainer refuses: one launch, exit 2, the trainer's lin
     "the trainer refused its arguments .*: tp-train: --lr expects a non-negative decimal number .*got 'abc'" \
     "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST -- "$TRAIN" $TRAIN_ARGS --lr abc
 check "a value the trainer refuses: one launch" [ "$(events "$R" launch)" -eq 1 ]
+# A state directory or events file inside a checkpoint: refused (exit 2),
+# as report -o is. Before, --keep removed the live state with the
+# checkpoint (events, train.jsonl, state.json gone) and tp-elastic died on
+# "state.json.tmp: cannot open".
+R="$WORK/stateinside"
+expect_ok "state inside a checkpoint: a run of 10 steps" "$TRAIN" $TRAIN_ARGS --steps 10 --ckpt-dir "$R"
+expect_error "--state-dir inside a checkpoint: refused, naming it" 2 \
+    "--state-dir $R/step_00000010/state lies inside the checkpoint $R/step_00000010" "$ELASTIC" run --ckpt-dir "$R" \
+    --world 1 --keep 1 --state-dir "$R/step_00000010/state" $FAST -- "$TRAIN" $TRAIN_ARGS --steps 30
+expect_error "--events inside a checkpoint: refused, naming it" 2 \
+    "--events $R/step_00000010/events.jsonl lies inside the checkpoint $R/step_00000010" "$ELASTIC" run \
+    --ckpt-dir "$R" --world 1 --events "$R/step_00000010/events.jsonl" $FAST -- "$TRAIN" $TRAIN_ARGS --steps 30
+check_all "inside a checkpoint: nothing written there" \
+    '[ "$(ls "$R" | tr "\n" " ")" = "latest step_00000010 " ] && [ "$(ls "$R/step_00000010" | grep -vc "^shard_\|^index.json$")" -eq 0 ]'
 check "usage errors: nothing written" [ ! -e "$WORK/u" ]
 expect_error "no trainer" 2 "after '--'" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2
 finish
