@@ -193,7 +193,8 @@ typedef struct {
 void elastic_run_options_init(elastic_run_options *options);
 
 /* What a launch is silent in: loading to its first step, a step, or a save
- * (a stop request, the last step's checkpoint, a logged save_wait). */
+ * (a stop request's checkpoint, from the step line after the request; the last step's checkpoint; a
+ * logged save_wait). */
 typedef enum { ELASTIC_SILENT_START, ELASTIC_SILENT_STEP, ELASTIC_SILENT_SAVE } elastic_silence;
 
 /* How long a launch may be silent before it is a hang: start_seconds,
@@ -228,7 +229,8 @@ extern const char *const elastic_lost_names[5];
 int elastic_run(const elastic_run_options *options, elastic_summary *summary);
 
 /* Asks a running elastic_run to stop the trainer (checkpoint and exit) and
- * return; async-signal-safe. */
+ * return; a second request ends the launch at once (SIGTERM, SIGKILL after
+ * grace_seconds) without waiting for the checkpoint. Async-signal-safe. */
 void elastic_request_stop(void);
 
 #endif

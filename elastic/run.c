@@ -40,7 +40,7 @@ static atomic_int stop_requested;
 
 void elastic_request_stop(void)
 {
-    atomic_store(&stop_requested, 1);
+    atomic_fetch_add(&stop_requested, 1); /* counted: a second request ends the launch at once */
 }
 
 void elastic_run_options_init(elastic_run_options *o)
@@ -753,6 +753,7 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
     elastic_log_follow(&follower, s->log_path, stat(s->log_path, &st) == 0 ? st.st_size : 0);
     w->launched = w->last_progress = now_seconds();
     int asked_stop = 0, asked_scale = 0;
+    int64_t asked_at_step = -1; /* the last step logged when the trainer was asked to stop (stop or scale) */
     double stop_seen = 0; /* when a stop request came before the trainer started */
     double next_capacity_check = now_seconds() + 1;
     *detection = 0;
@@ -770,6 +771,14 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
             return END_FAILED;
         }
         double now = now_seconds();
+        /* A second stop request (SIGINT, SIGTERM, SIGHUP again): whoever
+         * asked will not wait for a checkpoint, nor for a trainer that is
+         * hung; the launch is ended now (SIGTERM, SIGKILL after the grace).
+         * Before, every request after the first was ignored. */
+        if (atomic_load(&stop_requested) >= 2) {
+            elastic_stop_group(pid, o->grace_seconds, status_out);
+            return END_STOPPED;
+        }
         if (atomic_load(&stop_requested) && !asked_stop) {
             /* The launcher forwards SIGUSR1: checkpoint and exit. Only once
              * the trainer has said it started: before its handler is set,
@@ -777,6 +786,7 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
              * trainer that does not start within the grace is stopped. */
             if (w->started) {
                 asked_stop = 1;
+                if (!asked_scale) asked_at_step = w->last_step;
                 kill(pid, SIGUSR1);
             } else {
                 if (stop_seen == 0) stop_seen = now;
@@ -787,9 +797,15 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
             }
         }
         /* A hang: no progress within the allowance (the first step of a
-         * launch loads and may reshard; a save may take long). */
-        int saving = asked_stop || asked_scale || w->last_step >= o->steps /* the last checkpoint is written */
-                     || w->save_wait; /* the trainer waits for a checkpoint to be written */
+         * launch loads and may reshard; a save may take long). Asked to
+         * stop, the trainer finishes the step it is in, logs it, and only
+         * then writes its checkpoint: a save's allowance from that step
+         * line on, the step's until then. Given from the request itself, a
+         * trainer hung in its step had --save-timeout (600 s) in place of
+         * the heartbeat. */
+        int saving = ((asked_stop || asked_scale) && w->last_step > asked_at_step) /* the stop's checkpoint */
+                     || w->last_step >= o->steps /* the last checkpoint is written */
+                     || w->save_wait;            /* the trainer waits for a checkpoint to be written */
         double allowance = elastic_hang_allowance(o,
                                                   saving              ? ELASTIC_SILENT_SAVE
                                                   : w->first_step < 0 ? ELASTIC_SILENT_START
@@ -816,6 +832,7 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
                 cJSON_AddNumberToObject(e, "to_world", world);
                 cJSON_AddNumberToObject(e, "step", (double)w->last_step);
                 emit(s, "scale_change", e);
+                asked_at_step = w->last_step;
                 kill(pid, SIGUSR1);
             }
         }

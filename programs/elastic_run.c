@@ -33,7 +33,8 @@ static const char run_usage[] =
     "failures:  --max-restarts K (10) --backoff S (1, doubled per failure) --repeat-limit N (3: failures at\n"
     "           one step without progress before giving up)\n"
     "hangs:     --heartbeat-timeout S (60: no step for this long) --start-timeout S (300: to the first step)\n"
-    "           --save-timeout S (600: to exit after a stop request) --grace S (10: SIGTERM to SIGKILL)\n"
+    "           --save-timeout S (600: a stop request's checkpoint, from the step line after the request)\n"
+    "           --grace S (10: SIGTERM to SIGKILL)\n"
     "           --heartbeat-multiple M (5): each of these is at least M times the slowest step seen, so that\n"
     "           steps longer than the heartbeat are not hangs (0: the timeouts alone)\n"
     "planner:   --memory-per-rank SIZE --allow-batch-change\n"
@@ -44,7 +45,8 @@ static const char run_usage[] =
     "           the trainer committed since; none is removed without it)\n"
     "Exit status: 0 when the last step is reached, 1 when it gave up (the reason is printed), 2 on usage errors,\n"
     "the trainer's too (it exits 2 on its first launch: not relaunched, its error quoted).\n"
-    "SIGINT or SIGTERM: the trainer checkpoints and stops; tp-elastic run again continues the run.\n";
+    "SIGINT or SIGTERM: the trainer checkpoints and stops; tp-elastic run again continues the run. A second one\n"
+    "ends the trainer at once (SIGTERM, SIGKILL after --grace), without its checkpoint.\n";
 
 static void on_signal(int sig)
 {

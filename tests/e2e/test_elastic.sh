@@ -2,7 +2,7 @@
 # End-to-end tests of `tp-elastic run` with mpirun (docs/ELASTIC.md): a hang,
 # a slow commit that is not one, capacity growing, capacity below --min-world, a trainer that always fails,
 # one that diverges, --keep beside a damaged checkpoint, every checkpoint damaged,
-# the orchestrator itself killed and restarted, a damaged newest checkpoint
+# the orchestrator itself killed and restarted, a stop asked once or twice of a hung trainer, a damaged newest checkpoint
 # (a rank killed while capacity shrinks: test_elastic_recover.sh). In every
 # case the run reaches its last step, recomputes no more than the steps since
 # the last checkpoint, and logs the losses of an uninterrupted run (1e-4
@@ -335,6 +335,46 @@ check "SIGTERM: exit 1" [ $? -eq 1 ]
 check "SIGTERM: it says it stopped on request" grep -q "stopped on request" "$WORK/stop.err"
 check "SIGTERM: the trainer stopped with a checkpoint" grep -q '"event":"stop".*"reason":"stopped"' "$R/elastic/train.jsonl"
 check "SIGTERM: no trainer left running" nothing_left "$R"
+
+# ------------------------------------------- a stop asked while the trainer hangs
+# The trainer hangs after step 10; tp-elastic is told to stop. The stop
+# request does not stretch the hang's allowance to --save-timeout (600 s):
+# the trainer never logs the step it was asked to finish, so the heartbeat
+# still applies; the hang is found and the run stops. A second request ends
+# the launch at once, within the grace, even under a long heartbeat. Before,
+# both waited out --save-timeout (the second signal was ignored).
+# stop_hung NAME HEARTBEAT SIGNALS...: starts a run that hangs after step
+# 10, sends each signal a second apart once step 10 is logged, and sets
+# GONE to the seconds it took to exit after the first (at most 40: then
+# it is killed) and RC to its exit status.
+stop_hung() {
+    R="$WORK/$1"
+    mkdir -p "$R/elastic"
+    # (a background job of sh starts with SIGINT ignored, which tp-elastic keeps)
+    env --default-signal=INT "$ELASTIC" run --ckpt-dir "$R" --world 1 --backoff 0.2 --heartbeat-timeout "$2" --start-timeout 60 --grace 2 \
+        -- "$TRAIN" $TRAIN_ARGS --steps 200 --fault hang --fault-step 10 >"$WORK/$1.out" 2>"$WORK/$1.err" &
+    orchestrator=$!
+    shift 2
+    while ! grep -q '"step":10,' "$R/elastic/train.jsonl" 2>/dev/null; do sleep 0.05; done
+    start=$(date +%s)
+    for sig in "$@"; do
+        kill -"$sig" $orchestrator
+        sleep 1
+    done
+    while kill -0 $orchestrator 2>/dev/null && [ $(($(date +%s) - start)) -lt 40 ]; do sleep 0.2; done
+    GONE=$(($(date +%s) - start))
+    kill -9 $orchestrator 2>/dev/null
+    wait $orchestrator
+    RC=$?
+}
+stop_hung stophung $HEARTBEAT TERM
+check_all "SIGTERM to a hung trainer: the hang is found at the heartbeat, and the run stops (exit $RC after $GONE s)" \
+    '[ $RC -eq 1 ] && [ $GONE -lt 30 ] && grep -q "stopped on request" "$WORK/stophung.err" && [ "$(events "$R" hang)" -eq 1 ]'
+check "SIGTERM to a hung trainer: no trainer left running" nothing_left "$R"
+stop_hung stoptwice 60 TERM INT
+check_all "SIGTERM then SIGINT to a hung trainer under a 60 s heartbeat: ended at once (exit $RC after $GONE s)" \
+    '[ $RC -eq 1 ] && [ $GONE -lt 15 ] && grep -q "stopped on request" "$WORK/stoptwice.err"'
+check "SIGTERM then SIGINT: no trainer left running" nothing_left "$R"
 
 # ------------------------------------------- a damaged newest checkpoint
 # A run stopped at step 30 (checkpoints every 10); a data byte of step 30 is
