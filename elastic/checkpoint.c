@@ -23,6 +23,8 @@ static int verify_checkpoint(const char *path, int threads, elastic_checkpoint *
         out->step = ckpt_reader_state(r)->step;
         out->tp = layout->tp;
         out->pp = layout->pp;
+        /* {} (a checkpoint that names no model): the trainer says so itself */
+        out->has_model = gpt_config_from_json(ckpt_reader_state(r)->model_json, &out->model) == TP_OK;
     }
     ckpt_reader_close(r);
     return status;

@@ -146,6 +146,8 @@ typedef struct {
     char path[4096];
     int64_t step;
     int tp, pp;
+    gpt_config model; /* the model it holds, when it names one (has_model) */
+    int has_model;
     double seconds; /* spent verifying */
 } elastic_checkpoint;
 

@@ -1093,6 +1093,16 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
         cJSON_AddNumberToObject(e, "step", (double)chosen.step);
         cJSON_AddNumberToObject(e, "seconds", chosen.seconds);
         emit(s, "checkpoint_chosen", e);
+        /* Model flags other than the checkpoint's: the trainer refuses to
+         * resume, and every relaunch would alike (it was launched
+         * --repeat-limit times and called a bug). The caller's usage error,
+         * in the trainer's words, before any launch. */
+        if (chosen.has_model && gpt_config_check_same(chosen.path, &chosen.model, &o->model)) {
+            snprintf(why, sizeof why, "%s", tp_errmsg());
+            *status_out = give_up(s, summary, why);
+            summary->usage_error = 1;
+            return 1;
+        }
         prune_checkpoints(s);
         if (chosen.step > s->last_step) s->last_step = chosen.step;
         if (chosen.step >= o->steps) {

@@ -64,6 +64,29 @@ static int check_arch(const gpt_config *c)
     return TP_OK;
 }
 
+static int same_model(const gpt_config *a, const gpt_config *b)
+{
+    return a->arch == b->arch && a->layers == b->layers && a->dim == b->dim && a->heads == b->heads &&
+           a->kv_heads == b->kv_heads && a->vocab == b->vocab && a->seq == b->seq && a->ffn == b->ffn &&
+           a->swiglu == b->swiglu && a->untied_embeddings == b->untied_embeddings && a->norm_eps == b->norm_eps &&
+           a->rope_theta == b->rope_theta && a->rope_scaling_factor == b->rope_scaling_factor &&
+           a->rope_low_freq_factor == b->rope_low_freq_factor && a->rope_high_freq_factor == b->rope_high_freq_factor &&
+           a->rope_original_seq == b->rope_original_seq;
+}
+
+int gpt_config_check_same(const char *path, const gpt_config *saved, const gpt_config *run)
+{
+    if (same_model(saved, run)) return TP_OK;
+    return tp_fail(TP_ERR_ARG,
+                   "%s holds another model: layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld, this run "
+                   "has layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld: resume with the model flags it "
+                   "was trained with (tp-ckpt info %s shows them), or give another --ckpt-dir for a new model",
+                   path, (long long)saved->layers, (long long)saved->dim, (long long)saved->heads,
+                   (long long)saved->ffn, (long long)saved->vocab, (long long)saved->seq, (long long)run->layers,
+                   (long long)run->dim, (long long)run->heads, (long long)run->ffn, (long long)run->vocab,
+                   (long long)run->seq, path);
+}
+
 int gpt_config_check(const gpt_config *c, int tp, int pp)
 {
     if (c->layers < 1 || c->dim < 1 || c->heads < 1 || c->kv_heads < 1 || c->vocab < 1 || c->seq < 1 || c->ffn < 1 ||

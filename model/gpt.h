@@ -59,6 +59,14 @@ void gpt_config_defaults(gpt_config *config);
  * TP_ERR_LAYOUT naming the dimension. */
 int gpt_config_check(const gpt_config *config, int tp, int pp);
 
+/* Whether a checkpoint's model (saved, as its configuration names it) is
+ * the run's: every dimension and setting that shapes the tensors or the
+ * arithmetic, the dtype aside. TP_OK when it is; otherwise TP_ERR_ARG
+ * "PATH holds another model: ..., this run has ...: resume with the model
+ * flags it was trained with ...", naming both and what to do. One rule
+ * for the trainer's resume and tp-elastic's check before it launches. */
+int gpt_config_check_same(const char *path, const gpt_config *saved, const gpt_config *run);
+
 /* Llama 3's rope scaling as Hugging Face's config.json and our model
  * configuration both write it: {"factor", "high_freq_factor",
  * "low_freq_factor", "original_max_position_embeddings"} added to parent

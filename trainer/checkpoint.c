@@ -622,16 +622,6 @@ int saver_start(saver *s, const char *path, const char *url, const save_state *s
 
 /* ------------------------------------------------------------------- load */
 
-static int same_model(const gpt_config *a, const gpt_config *b)
-{
-    return a->arch == b->arch && a->layers == b->layers && a->dim == b->dim && a->heads == b->heads &&
-           a->kv_heads == b->kv_heads && a->vocab == b->vocab && a->seq == b->seq && a->ffn == b->ffn &&
-           a->swiglu == b->swiglu && a->untied_embeddings == b->untied_embeddings && a->norm_eps == b->norm_eps &&
-           a->rope_theta == b->rope_theta && a->rope_scaling_factor == b->rope_scaling_factor &&
-           a->rope_low_freq_factor == b->rope_low_freq_factor && a->rope_high_freq_factor == b->rope_high_freq_factor &&
-           a->rope_original_seq == b->rope_original_seq;
-}
-
 /* Reads one tensor's piece for a view into out (the model's memory: on a
  * device through a host buffer; or host memory when host_out); *absent says
  * the checkpoint has no such tensor. */
@@ -665,16 +655,9 @@ static int open_for_load(const gpt_model *m, const char *path, const char *index
     gpt_config config;
     int status = gpt_config_from_json(ckpt_reader_state(*r)->model_json, &config);
     if (status) return tp_fail_context(status, "%s", path);
-    if (same_model(&config, &m->config)) return TP_OK;
-    *other_model = 1;
-    const gpt_config *ours = &m->config;
-    return tp_fail(TP_ERR_ARG,
-                   "%s holds another model: layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld, this run "
-                   "has layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld",
-                   path, (long long)config.layers, (long long)config.dim, (long long)config.heads,
-                   (long long)config.ffn, (long long)config.vocab, (long long)config.seq, (long long)ours->layers,
-                   (long long)ours->dim, (long long)ours->heads, (long long)ours->ffn, (long long)ours->vocab,
-                   (long long)ours->seq);
+    status = gpt_config_check_same(path, &config, &m->config);
+    if (status) *other_model = 1;
+    return status;
 }
 
 /* View i's parameter into `param` (host memory where host_param, else the
@@ -938,8 +921,7 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
          * or, worse, one that matches the flags by chance would be taken. */
         if (!status) status = comm_any(c, other_model, &any_other_model);
         if (!status && any_other_model)
-            status = tp_fail(TP_ERR_ARG, "%s: resume with the model flags it was trained with (tp-ckpt info %s "
-                             "shows them), or give another --ckpt-dir for a new model", message, list[k].path);
+            status = tp_fail(TP_ERR_ARG, "%s", message); /* gpt_config_check_same's, saying what to do */
         if (!status && any_unanswered)
             status = tp_fail(TP_ERR_IO, "%s; %s could not be read, and no older checkpoint is taken in its place "
                              "(resume when the store answers)", unasked, list[k].path);

@@ -508,6 +508,15 @@ expect_error "--events inside a checkpoint: refused, naming it" 2 \
     --ckpt-dir "$R" --world 1 --events "$R/step_00000010/events.jsonl" $FAST -- "$TRAIN" $TRAIN_ARGS --steps 30
 check_all "inside a checkpoint: nothing written there" \
     '[ "$(ls "$R" | tr "\n" " ")" = "latest step_00000010 " ] && [ "$(ls "$R/step_00000010" | grep -vc "^shard_\|^index.json$")" -eq 0 ]'
+# Model flags other than the checkpoint's: refused before any launch (exit
+# 2), naming both models, in the trainer's words. Before, the trainer was
+# launched 3 times and called a bug (exit 1).
+R="$WORK/othermodel"
+expect_ok "another model: a run of 10 steps" "$TRAIN" $TRAIN_ARGS --steps 10 --ckpt-dir "$R"
+expect_error "another model than the checkpoint's: refused before any launch, naming both" 2 \
+    "step_00000010 holds another model: .*dim 64 .*this run has .*dim 128 .*: resume with the model flags it was trained with" \
+    "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST -- "$TRAIN" $TRAIN_ARGS --dim 128 --steps 30
+check "another model: nothing launched" [ "$(events "$R" launch)" -eq 0 ]
 check "usage errors: nothing written" [ ! -e "$WORK/u" ]
 expect_error "no trainer" 2 "after '--'" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2
 finish
