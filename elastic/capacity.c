@@ -71,6 +71,13 @@ static int read_hostfile(const char *path, elastic_capacity *out)
         if (!status) status = add_node(out, host, (int)slots, 0, path);
     }
     free(text);
+    /* No host is no number of ranks, as an empty world file is: refused
+     * (at the start at once, later a moment of a file being rewritten,
+     * waited out). Read as 0 ranks, the start waited --capacity-wait for
+     * a mistake, and a rewrite stopped the trainer to scale down. */
+    if (!status && out->nodes == 0)
+        status = tp_fail(TP_ERR_ARG, "%s: expected 'HOST [slots=N]' lines, got no host (the file is empty or only "
+                         "comments)", path);
     return status;
 }
 

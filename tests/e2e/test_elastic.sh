@@ -271,6 +271,13 @@ expect_error "Slurm unreachable at the start: said at once, naming the job and s
     env PATH="$WORK/slurm-down:$PATH" SLURM_JOB_ID=77 timeout 20 "$ELASTIC" run --ckpt-dir "$WORK/slurmdown" $FAST \
     -- "$TRAIN" $TRAIN_ARGS
 check "Slurm unreachable at the start: nothing written" [ ! -e "$WORK/slurmdown" ]
+# An empty or comment-only --hostfile at the start: refused at once, naming
+# it, as an empty --world-file is. Before, it read as 0 ranks and was waited
+# on for --capacity-wait.
+printf '# hosts come later\n' >"$WORK/hosts.empty"
+expect_error "a comment-only --hostfile: refused at once, naming it" 1 "hosts.empty: expected 'HOST \\[slots=N\\]' lines, got no host" \
+    timeout 20 "$ELASTIC" run --ckpt-dir "$WORK/nohosts" --hostfile "$WORK/hosts.empty" $FAST -- "$TRAIN" $TRAIN_ARGS
+check "a comment-only --hostfile: nothing written" [ ! -e "$WORK/nohosts" ]
 
 # ------------------------------------------------------------- --hostfile
 # Capacity from an Open MPI host file (this machine, 3 slots): mpirun is

@@ -102,6 +102,15 @@ Test(elastic, hostfile_gives_nodes_and_slots)
     write_text(path, "node-a slots=zero\n");
     cr_assert_eq(elastic_capacity_read(&source, &c), TP_ERR_ARG);
     cr_assert(strstr(tp_errmsg(), "line 1"), "the error names the line: %s", tp_errmsg());
+    /* No host at all is refused, as an empty world file is (it read as 0
+     * ranks, waited on for --capacity-wait) */
+    const char *hostless[] = {"", "\n  \n", "# nodes come later\n# node-a slots=4\n"};
+    for (int i = 0; i < 3; i++) {
+        write_text(path, hostless[i]);
+        int status = elastic_capacity_read(&source, &c);
+        cr_assert_eq(status, TP_ERR_ARG, "'%s': %s, world %d", hostless[i], tp_status_name(status), c.world);
+        cr_assert(strstr(tp_errmsg(), path) && strstr(tp_errmsg(), "got no host"), "%s", tp_errmsg());
+    }
 }
 
 /* ------------------------------------------------------------ launching */
