@@ -90,6 +90,7 @@ typedef struct {
     double slowest_step;    /* seconds: the slowest step of any launch (elastic_hang_allowance) */
     /* this orchestrator's */
     int launches_before;    /* launches of earlier orchestrators (state.json) */
+    int restarts_before;    /* their restarts: --max-restarts counts this orchestrator's alone */
     double started;
     double step_seconds_sum;
     int64_t step_count;
@@ -396,6 +397,12 @@ static int open_state(run_state *s, const elastic_run_options *o)
     TP_TRY(orchestrator_lock(s));
     TP_TRY(load_state(s));
     s->launches_before = s->launches;
+    /* --max-restarts and --repeat-limit are this invocation's: counted
+     * across invocations, a run that had used them up could never be
+     * continued, and a requeued job inherited the count of the one before.
+     * The record (restarts in state.json and the summary) stays the run's. */
+    s->restarts_before = s->restarts;
+    s->repeats = 0;
     /* The trainer's log is read as it grows; a FIFO there would block the
      * reads (and the trainer): refused before anything is launched. */
     TP_TRY(tp_refuse_special(s->log_path));
@@ -1247,9 +1254,9 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
                      s->repeats, (long long)w.last_step, exit_text, output, tail);
         return *status_out = give_up(s, summary, why), 1;
     }
-    if (s->restarts > o->max_restarts) {
+    if (s->restarts - s->restarts_before > o->max_restarts) {
         snprintf(why, sizeof why, "%d restarts used up (--max-restarts %d); the last failure: %s at step %lld",
-                 s->restarts - 1, o->max_restarts, exit_text, (long long)w.last_step);
+                 s->restarts - s->restarts_before - 1, o->max_restarts, exit_text, (long long)w.last_step);
         return *status_out = give_up(s, summary, why), 1;
     }
     double backoff = o->backoff_seconds * pow(2, s->repeats - 1);

@@ -31,7 +31,7 @@ static const char run_usage[] =
     "           --launcher auto|mpirun|srun (auto: srun inside Slurm, else mpirun) --ranks-per-node G\n"
     "           --min-world M (1): below it, wait up to --capacity-wait S (600) for capacity\n"
     "failures:  --max-restarts K (10) --backoff S (1, doubled per failure) --repeat-limit N (3: failures at\n"
-    "           one step without progress before giving up)\n"
+    "           one step without progress before giving up); both count this invocation's failures\n"
     "hangs:     --heartbeat-timeout S (60: no step for this long) --start-timeout S (300: to the first step)\n"
     "           --save-timeout S (600: a stop request's checkpoint, from the step line after the request)\n"
     "           --grace S (10: SIGTERM to SIGKILL)\n"

@@ -328,6 +328,26 @@ expect_ok "restarted orchestrator: the run finishes" "$ELASTIC" run --ckpt-dir "
 check "restarted orchestrator: it counted the earlier launch" [ "$(summary_field "$R" launches)" -ge 2 ]
 check "restarted orchestrator: step 400 reached" [ "$(summary_field "$R" step)" -eq 400 ]
 
+# ------------------------------ --max-restarts and --repeat-limit per invocation
+# A run whose earlier orchestrators used up the restarts (restarts 10) or
+# the repeats at a step (2 failures at step 1) in state.json: this
+# invocation counts its own, so one failure at step 1 is relaunched and the
+# run finishes; the record keeps the run's restarts. Before, the first
+# failure gave up ("10 restarts used up", "failed 3 times in a row").
+for case in 'restarts:{"launches":12,"restarts":10,"tp":1,"pp":1}:11' \
+    'repeats:{"launches":2,"restarts":2,"repeats":2,"last_failure_step":1,"tp":1,"pp":1}:3'; do
+    name=${case%%:*} rest=${case#*:}
+    state=${rest%:*} restarts=${rest##*:}
+    R="$WORK/counted-$name"
+    mkdir -p "$R/elastic"
+    echo "$state" >"$R/elastic/state.json"
+    expect_ok "$name used up by earlier orchestrators: one failure is relaunched, the run finishes" "$ELASTIC" run \
+        --ckpt-dir "$R" --world 1 --max-restarts 2 $FAST -- "$TRAIN" $TRAIN_ARGS --steps 10 \
+        --fault fail --fault-step 1 --fault-once "$R.fault"
+    check_all "$name: one failure here, the run's restarts recorded ($restarts)" \
+        '[ "$(events "$R" failure)" -eq 1 ] && [ "$(summary_field "$R" restarts)" -eq $restarts ]'
+done
+
 # -------------------------------------------------- a stop asked by SIGTERM
 # SIGTERM to tp-elastic: the trainer finishes its step, checkpoints and exits;
 # tp-elastic says so and exits 1; nothing is left running.
