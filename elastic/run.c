@@ -1202,10 +1202,6 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
                                                  "this run's"
                         : w.stop_line_diverged ? diverged
                                                : NULL;
-    /* Open MPI's mpirun refuses to start as root unless told: every
-     * relaunch would be refused alike (it was relaunched --repeat-limit
-     * times, then called a bug of the trainer's, quoting the banner's last
-     * line). */
     /* Exit status 2 is tp-train's usage error (a value it refuses: --lr
      * abc): on this orchestrator's first launch, before the trainer said it
      * started, it is the arguments given, which every relaunch would repeat
@@ -1222,9 +1218,20 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
         summary->usage_error = 1;
         return 1;
     }
+    /* Open MPI's mpirun refuses to start as root unless told, and no
+     * launcher starts a program it cannot find: every relaunch would fail
+     * alike (it was relaunched --repeat-limit times, then called a bug of
+     * the trainer's, quoting the banner's last line). */
     if (end == END_FAILED && !final && output_says(output, "mpirun has detected an attempt to run as root")) {
         snprintf(why, sizeof why, "mpirun refuses to run as root (%s): run tp-elastic as another user, or set "
                  "OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 to let it", output);
+        return *status_out = give_up(s, summary, why), 1;
+    }
+    if (end == END_FAILED && !final && !w.started &&
+        (output_says(output, "was unable to find the specified executable") ||
+         output_says(output, "execve(): ") /* srun's slurmstepd */)) {
+        snprintf(why, sizeof why, "the launcher could not start the trainer's program %s (%s): give its path "
+                 "(build/bin/tp-train) after --, or put its directory on PATH", o->train_argv[0], output);
         return *status_out = give_up(s, summary, why), 1;
     }
     if (final) {

@@ -521,6 +521,14 @@ expect_error "a value the trainer refuses: one launch, exit 2, the trainer's lin
     "the trainer refused its arguments .*: tp-train: --lr expects a non-negative decimal number .*got 'abc'" \
     "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST -- "$TRAIN" $TRAIN_ARGS --lr abc
 check "a value the trainer refuses: one launch" [ "$(events "$R" launch)" -eq 1 ]
+# A trainer the launcher cannot find (tp-train given by name, build/bin not
+# on PATH): one launch, given up at once saying what to give; it was
+# relaunched 3 times and called a bug, quoting mpirun's banner.
+R="$WORK/notfound"
+expect_error "a trainer program that is not found: given up at once, saying so" 1 \
+    "the launcher could not start the trainer's program tp-train-not-here .*: give its path" \
+    "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST -- tp-train-not-here $TRAIN_ARGS
+check "a trainer program that is not found: one launch" [ "$(events "$R" launch)" -eq 1 ]
 # A state directory or events file inside a checkpoint: refused (exit 2),
 # as report -o is. Before, --keep removed the live state with the
 # checkpoint (events, train.jsonl, state.json gone) and tp-elastic died on
