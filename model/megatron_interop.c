@@ -308,7 +308,9 @@ static int source_model(ckpt_reader *source, source_names *names, megatron_confi
     if (!state->model_json || !strcmp(state->model_json, "{}"))
         return tp_fail(TP_ERR_FORMAT, "%s names no model of this toolkit's or of Megatron: Megatron's args are written "
                        "from a Megatron-LM checkpoint or this toolkit's GPT or Llama (a DCP checkpoint tp-reshard wrote "
-                       "from one names it)", ckpt_reader_path(source));
+                       "from one names it); a Megatron checkpoint converted with --format tp keeps Megatron's names "
+                       "without its args: convert the Megatron checkpoint itself, or tp-ckpt import it (a model of "
+                       "this toolkit's)", ckpt_reader_path(source));
     int status = gpt_config_from_json(state->model_json, &names->config);
     if (status) return tp_fail_context(status, "%s", ckpt_reader_path(source));
     const gpt_config *g = &names->config;
