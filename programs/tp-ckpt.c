@@ -1066,7 +1066,7 @@ static int cmd_synth(int argc, char **argv)
 static const char *export_usage =
     "usage: tp-ckpt export CKPT --format safetensors|gguf|hdf5 -o OUT [options]\n"
     "Merges the weights of a checkpoint of any layout (this toolkit's GPT-2 or Llama, or a\n"
-    "Megatron-LM GPT-2's) into the files inference tools load:\n"
+    "Megatron GPT-2's or Llama's, legacy or torch_dist) into the files inference tools load:\n"
     "  safetensors  OUT is a directory: config.json and model.safetensors (or numbered shards\n"
     "               and model.safetensors.index.json) for transformers' GPT2LMHeadModel or\n"
     "               LlamaForCausalLM\n"
