@@ -155,6 +155,25 @@ static int prepare(int argc, char **argv)
  * parted ways when only some could see CKPT (a node without the store),
  * those refused waiting in MPI_Finalize for the others, which waited in
  * the communicator's set-up, without a word. */
+/* The launch's communicator at tp x pp x dp, or the exit status of its
+ * failure, said once by rank 0. Every rank reaches the same verdict on the
+ * layout: one the model does not divide into (layout_error, when not
+ * TP_OK) or one the ranks launched do not make is the command line's, a
+ * usage error (2, pointing to `command`'s --help); a failure of MPI itself
+ * is not (1). */
+static int launch_comm(comm **cm, int *argc, char ***argv, int tp, int pp, int dp, int layout_error, const char *command)
+{
+    int created = layout_error ? layout_error : comm_mpi_create(cm, argc, argv, tp, pp, dp);
+    if (!created) return 0;
+    int usage = layout_error || created == TP_ERR_ARG;
+    if (comm_mpi_rank() == 0) {
+        if (usage) fprintf(stderr, "tp-train: %s (see %s --help)\n", tp_errmsg(), command);
+        else fail("%s", tp_errmsg());
+    }
+    comm_mpi_finalize();
+    return usage ? 2 : 1;
+}
+
 static int refuse_foreign_ckpt(comm *cm, const char *command, const char *ckpt)
 {
     cli_foreign foreign = {0};
@@ -220,11 +239,8 @@ static int eval_command(int argc, char **argv)
     int world = comm_mpi_world_size(&argc, &argv);
     if (!dp) dp = world / (tp * pp) > 0 ? world / (tp * pp) : 1;
     comm *cm = NULL;
-    if (comm_mpi_create(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp)) {
-        int code = comm_mpi_rank() == 0 ? fail("%s", tp_errmsg()) : 1;
-        comm_mpi_finalize();
-        return code;
-    }
+    int created = launch_comm(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp, TP_OK, "tp-train eval");
+    if (created) return created;
     int refused = refuse_foreign_ckpt(cm, "eval", o.ckpt);
     if (refused) {
         comm_free(cm);
@@ -919,21 +935,9 @@ int main(int argc, char **argv)
         return 2;
     }
     comm *cm = NULL;
-    /* Every rank reaches the same verdict on the layout; rank 0 says it. A
-     * layout the model does not divide into, or one the ranks launched do
-     * not make, is the command line's: a usage error (2), as the other
-     * layout checks above; a failure of MPI itself is not (1). */
-    int layout = gpt_config_check(&o.config, (int)tp, (int)pp);
-    int created = layout ? layout : comm_mpi_create(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp);
-    if (created) {
-        int usage = layout || created == TP_ERR_ARG;
-        if (comm_mpi_rank() == 0) {
-            if (usage) fprintf(stderr, "tp-train: %s (see tp-train --help)\n", tp_errmsg());
-            else fail("%s", tp_errmsg());
-        }
-        comm_mpi_finalize();
-        return usage ? 2 : 1;
-    }
+    int created = launch_comm(&cm, &argc, &argv, (int)tp, (int)pp, (int)dp, gpt_config_check(&o.config, (int)tp, (int)pp),
+                              "tp-train");
+    if (created) return created;
     /* A --ckpt-dir refused (another tool's checkpoint, one of ours, or
      * without --resume a run directory with checkpoints: cli.h) is refused
      * before anything is written there (the run's claim, a save). Rank 0
