@@ -196,6 +196,23 @@ static int read_claim(const char *path, int *found, claim_record *out)
     return TP_OK;
 }
 
+/* read_claim of another writer's claim, which that writer may be rewriting
+ * (choosing, then chosen; renewals): a server that writes an object in
+ * place (s3rver truncates the file and writes it again; many WebDAV
+ * servers alike) can serve it torn, short of its length or half old, half
+ * new. Read again a few times (about a second in all) before it is an
+ * error: a torn read failed the loser of two uploads with "not an upload's
+ * claim" instead of naming the winner. */
+static int read_claim_settled(const char *path, int *found, claim_record *out)
+{
+    int status = read_claim(path, found, out);
+    for (int attempt = 1; status && attempt < 8 && !store_stopping(); attempt++) {
+        sleep_seconds(0.02 * attempt);
+        status = read_claim(path, found, out);
+    }
+    return status;
+}
+
 /* Whether a claim's writer is provably gone: a process of this machine that
  * no longer exists. */
 static int claim_writer_gone(const claim_record *r)
@@ -268,7 +285,7 @@ static int claim_judge(upload_claim *c, const char *owner, int replace, char *go
     TP_TRY(claim_path(c->url, owner, path));
     claim_record *seen = malloc(sizeof *seen), *now = malloc(sizeof *now);
     int found = 0, alive = 0;
-    int status = seen && now ? read_claim(path, &found, seen) : tp_fail(TP_ERR_NOMEM, "out of memory");
+    int status = seen && now ? read_claim_settled(path, &found, seen) : tp_fail(TP_ERR_NOMEM, "out of memory");
     double since = now_seconds(), pause = 0.02;
     while (!status) {
         if (!found) { /* its writer finished or gave up since the listing */
@@ -304,7 +321,7 @@ static int claim_judge(upload_claim *c, const char *owner, int replace, char *go
         }
         sleep_seconds(pause);
         pause = pause * 2 < c->renewer.period / 8 ? pause * 2 : c->renewer.period / 8;
-        status = read_claim(path, &found, now);
+        status = read_claim_settled(path, &found, now);
         if (!status && found && (now->chosen != seen->chosen || now->renewals != seen->renewals)) {
             alive = 1;
             since = now_seconds();

@@ -29,14 +29,14 @@ int tp_path_join(char *out, const char *dir, const char *name)
  * segments taken, in place (RFC 3986 5.2.4): what curl sends for it and a
  * server resolves, so that the names a store compares are those it is sent.
  * ".." at the root stays at the root; a path ending in a dot segment ends
- * with '/'. */
+ * with '/'; a query or fragment after it stays as it is (curl's too). */
 static void remove_dot_segments(char *path)
 {
     char *out = path, *in = path;
     while (*in == '/') {
         const char *segment = in + 1;
-        size_t length = strcspn(segment, "/");
-        int last = segment[length] == '\0';
+        size_t length = strcspn(segment, "/?#");
+        int last = segment[length] != '/';
         if (length == 1 && segment[0] == '.') {
             if (last) *out++ = '/';
         } else if (length == 2 && segment[0] == '.' && segment[1] == '.') {
@@ -49,7 +49,7 @@ static void remove_dot_segments(char *path)
         }
         in += length + 1;
     }
-    *out = '\0';
+    memmove(out, in, strlen(in) + 1);
 }
 
 int tp_path_canonical(const char *path, char *out, size_t size)
@@ -66,8 +66,8 @@ int tp_path_canonical(const char *path, char *out, size_t size)
     }
     out[n] = '\0';
     if (kept > 0) {
-        char *url_path = strchr(out + kept, '/');
-        if (url_path) remove_dot_segments(url_path);
+        char *url_path = out + kept + strcspn(out + kept, "/?#"); /* none before a query or fragment */
+        if (*url_path == '/') remove_dot_segments(url_path);
     }
     return TP_OK;
 }
@@ -155,14 +155,27 @@ static int loopback_host(const char *host, size_t length)
 }
 
 /* A URL in the form two spellings of one location share, for comparing:
- * canonical (single slashes, dot segments taken), scheme and host
- * lowercased, user information dropped, a loopback host as "localhost", the
- * scheme's default port dropped, and escapes of unreserved characters
- * decoded ("%73rc" is "src" to a server), the others' hex uppercased. */
+ * escapes of unreserved characters decoded ("%73rc" is "src" to a server,
+ * "%2e%2e" is ".."), the others' hex uppercased; then canonical (single
+ * slashes, dot segments taken), scheme and host lowercased, user
+ * information dropped, a loopback host as "localhost", the scheme's default
+ * port dropped. */
 static int url_comparable(const char *url, char *out, size_t size)
 {
-    char canonical[TP_PATH_MAX], host[TP_PATH_MAX];
-    TP_TRY(tp_path_canonical(url, canonical, sizeof canonical));
+    char decoded[TP_PATH_MAX], canonical[TP_PATH_MAX], host[TP_PATH_MAX];
+    size_t d = 0;
+    for (const char *c = url; *c && d + 3 < sizeof decoded; c++) {
+        if (c[0] == '%' && isxdigit((unsigned char)c[1]) && isxdigit((unsigned char)c[2])) {
+            char byte = (char)(hex_value(c[1]) * 16 + hex_value(c[2]));
+            if (isalnum((unsigned char)byte) || strchr("-._~", byte)) decoded[d++] = byte;
+            else decoded[d++] = '%', decoded[d++] = (char)toupper((unsigned char)c[1]),
+                 decoded[d++] = (char)toupper((unsigned char)c[2]);
+            c += 2;
+        } else decoded[d++] = *c;
+    }
+    decoded[d] = '\0';
+    if (d + 3 >= sizeof decoded) return tp_fail(TP_ERR_ARG, "URL '%s' is too long", url);
+    TP_TRY(tp_path_canonical(decoded, canonical, sizeof canonical));
     char *authority = strstr(canonical, "://") + 3, *after = authority + strcspn(authority, "/?#");
     char *at = memchr(authority, '@', (size_t)(after - authority));
     char *start = at ? at + 1 : authority, *colon = NULL; /* host[:port]; an IPv6 host in brackets */
@@ -177,19 +190,9 @@ static int url_comparable(const char *url, char *out, size_t size)
     if ((!strcmp(canonical, "http") && port_length == 2 && !memcmp(port, "80", 2)) ||
         (!strcmp(canonical, "https") && port_length == 3 && !memcmp(port, "443", 3)))
         port_length = 0;
-    size_t n = (size_t)snprintf(out, size, "%s://%s%s%.*s", canonical, loopback_host(host, host_length) ? "localhost" : host,
-                                port_length ? ":" : "", port_length, port);
-    for (const char *c = after; *c && n + 3 < size; c++) {
-        if (c[0] == '%' && isxdigit((unsigned char)c[1]) && isxdigit((unsigned char)c[2])) {
-            char decoded = (char)(hex_value(c[1]) * 16 + hex_value(c[2]));
-            if (isalnum((unsigned char)decoded) || strchr("-._~", decoded)) out[n++] = decoded;
-            else out[n++] = '%', out[n++] = (char)toupper((unsigned char)c[1]), out[n++] = (char)toupper((unsigned char)c[2]);
-            c += 2;
-        } else out[n++] = *c;
-    }
-    if (n + 3 >= size) return tp_fail(TP_ERR_ARG, "URL '%s' is too long", url);
-    out[n] = '\0';
-    return TP_OK;
+    int n = snprintf(out, size, "%s://%s%s%.*s%s", canonical, loopback_host(host, host_length) ? "localhost" : host,
+                     port_length ? ":" : "", port_length, port, after);
+    return n < 0 || (size_t)n >= size ? tp_fail(TP_ERR_ARG, "URL '%s' is too long", url) : TP_OK;
 }
 
 int tp_path_within(const char *path, const char *outer, int *within)

@@ -1228,7 +1228,8 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
         return *status_out = give_up(s, summary, why), 1;
     }
     if (end == END_FAILED && !final && !w.started &&
-        (output_says(output, "was unable to find the specified executable") ||
+        (output_says(output, "was unable to find the specified executable") /* a name not on PATH */ ||
+         output_says(output, "or execute an executable") /* a path: missing, or not executable */ ||
          output_says(output, "execve(): ") /* srun's slurmstepd */)) {
         snprintf(why, sizeof why, "the launcher could not start the trainer's program %s (%s): give its path "
                  "(build/bin/tp-train) after --, or put its directory on PATH", o->train_argv[0], output);

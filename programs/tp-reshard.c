@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -149,10 +150,15 @@ static void default_output(const char *source, const ckpt_layout *to, char *out,
     snprintf(out, size, "%.*s_%s", (int)end, source, layout);
 }
 
-/* The output: -o's, or the default beside the source. */
+/* The output: -o's, or the default beside the source. A local source named
+ * "." or ".." (run/., or the directory one is in) is named by where it
+ * leads: "._tp2pp1" would lie inside it. */
 static const char *output_path(const char *out, const char *source, const ckpt_layout *to, char *buf, size_t size)
 {
     if (out) return out;
+    char parent[CKPT_PATH_MAX], base[CKPT_PATH_MAX], resolved[PATH_MAX];
+    int dots = tp_split_path(source, parent, sizeof parent, base, sizeof base) != TP_OK;
+    if (dots && !tp_path_is_url(source) && realpath(source, resolved)) source = resolved;
     default_output(source, to, buf, size);
     return buf;
 }

@@ -39,14 +39,14 @@ mkdir -p "$SCRATCH"
 # too). The launcher runs in the background with a wait: a shell runs its
 # trap only after a foreground command ends, so an interrupted bench would
 # first wait for a whole recovery run, or leave it running when killed.
-watcher="" launcher="" slurm_started=""
+watcher="" launcher_pid="" slurm_started=""
 cleanup() {
     set +e
     [ -z "$watcher" ] || kill "$watcher" 2>/dev/null
-    if [ -n "$launcher" ]; then
-        pkill -TERM -P "$launcher" 2>/dev/null
-        kill -TERM "$launcher" 2>/dev/null
-        wait "$launcher" 2>/dev/null
+    if [ -n "$launcher_pid" ]; then
+        pkill -TERM -P "$launcher_pid" 2>/dev/null
+        kill -TERM "$launcher_pid" 2>/dev/null
+        wait "$launcher_pid" 2>/dev/null
     fi
     [ -z "$slurm_started" ] || slurm_stop
 }
@@ -86,9 +86,9 @@ recovery() {
             -- "$BIN/tp-train" $model --quiet --global-batch 12 --micro-batch 1 --steps "$steps" --ckpt-every "$every" \
             $train_fault >"$run.out" 2>&1 &
     fi
-    launcher=$!
-    wait "$launcher" # its failure ends the bench (set -e), as in the foreground
-    launcher=""
+    launcher_pid=$!
+    wait "$launcher_pid" # its failure ends the bench (set -e), as in the foreground
+    launcher_pid=""
     if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null || true; wait "$watcher" 2>/dev/null || true; watcher=""; fi
     # Slurm's helpers are written for shells without set -e (a count of 0
     # from grep -c would end them): called in a list, where it does not apply.

@@ -108,6 +108,8 @@ Test(path, urls_spelled_otherwise)
         {"http://user@h/x/src/step_1", "http://h/x/src"},
         {"s3://b/run/./step_1/../step_2/x", "s3://b/run"},
         {"http://h/x/sp%2fc/d", "http://h/x/sp%2Fc"},
+        {"http://h/x/%2e%2e/src", "http://h/src"}, /* servers decode, then take the dots */
+        {"http://h/x/%2E/src", "http://h/x/src"},
     };
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
         cr_assert_eq(within(same[i][0], same[i][1]), 1, "%s within %s", same[i][0], same[i][1]);
@@ -164,6 +166,9 @@ Test(path, canonical_urls)
         {"http://h:1/..", "http://h:1/"},
         {"s3://bkt/a/.", "s3://bkt/a/"},
         {"local/./dir/../x", "local/./dir/../x"}, /* a local path is the system's to resolve */
+        {"http://h/a/b?x=/../c", "http://h/a/b?x=/../c"}, /* a query or fragment as it is */
+        {"http://h/a/./b#/../x", "http://h/a/b#/../x"},
+        {"http://h?x=/a/../b", "http://h?x=/a/../b"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cr_assert_eq(tp_path_canonical(cases[i][0], out, sizeof out), TP_OK, "%s", tp_errmsg());

@@ -146,6 +146,7 @@ else
     echo "[$NAME] SKIP: bench-llama: python3-torch is not installed"
 fi
 bench bench-elastic
+check "bench-elastic: its rows name their launcher" grep -q "^| tiny-shrink | mpirun |" "$BENCH_DOC"
 # Stopped mid-run (SIGTERM to the script alone, as a job scheduler's kill
 # sends it), it stops its launcher and the ranks with it: before, the shell
 # ran its trap only when the whole recovery run had ended.

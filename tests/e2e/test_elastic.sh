@@ -529,6 +529,11 @@ expect_error "a trainer program that is not found: given up at once, saying so" 
     "the launcher could not start the trainer's program tp-train-not-here .*: give its path" \
     "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST -- tp-train-not-here $TRAIN_ARGS
 check "a trainer program that is not found: one launch" [ "$(events "$R" launch)" -eq 1 ]
+R="$WORK/notfound-path"
+expect_error "a trainer path that does not exist: given up at once, saying so" 1 \
+    "the launcher could not start the trainer's program $WORK/no/tp-train .*: give its path" \
+    "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST -- "$WORK/no/tp-train" $TRAIN_ARGS
+check "a trainer path that does not exist: one launch" [ "$(events "$R" launch)" -eq 1 ]
 # A state directory or events file inside a checkpoint: refused (exit 2),
 # as report -o is. Before, --keep removed the live state with the
 # checkpoint (events, train.jsonl, state.json gone) and tp-elastic died on

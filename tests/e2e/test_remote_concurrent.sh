@@ -82,6 +82,9 @@ one_won() {
     if [ "$_ra" -eq 0 ]; then _win=A _lose=B _step=100; else _win=B _lose=A _step=200; fi
     _winpid=$(eval echo "\$PID_$_win")
     check "$_what: the URL holds the winner's checkpoint ($_win, step $_step)" [ "$(step_at "$_url")" = "$_step" ]
+    # The loser's output as the check's (a failure shows what it said).
+    cp "$WORK/$_lose.out" "$WORK/.out"
+    cp "$WORK/$_lose.err" "$WORK/.err"
     check_all "$_what: the loser ($_lose) says why, naming the URL and the winner (pid $_winpid)" \
         "grep -q '$_url' '$WORK/$_lose.err' && grep -q 'pid $_winpid ' '$WORK/$_lose.err'"
     check "$_what: the winner printed 'copied'" grep -q '^copied ' "$WORK/$_win.out"

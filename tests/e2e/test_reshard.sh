@@ -129,6 +129,12 @@ check "latest points at it" [ "$(cat "$WORK/run/latest")" = "step_00000000" ]
 expect_ok "a run directory resharded without -o" "$RS" "$WORK/run" --to tp2
 check_all "its output beside the run directory, nothing added inside it" \
     '[ -f "$WORK/run_tp2pp2/index.json" ] && [ "$(ls "$WORK/run")" = "$(printf "latest\nstep_00000000")" ]'
+# Named "run/." it is the same directory (the default was "run/._tp2pp2",
+# refused as "the input itself").
+rm -rf "$WORK/run_tp2pp2"
+expect_ok "the run directory given as run/., without -o" "$RS" "$WORK/run/." --to tp2
+check_all "its output beside the run directory again" \
+    '[ -f "$WORK/run_tp2pp2/index.json" ] && [ "$(ls "$WORK/run")" = "$(printf "latest\nstep_00000000")" ]'
 
 # ------------------------------------------------------- memory bound
 expect_ok "a bigger checkpoint" "$CK" synth -o "$WORK/big" --tp 4 --pp 1 --layers 2 --dim 1024 --heads 8 --vocab 8000 \
