@@ -147,14 +147,6 @@ static int prepare(int argc, char **argv)
     return 0;
 }
 
-/* Another tool's checkpoint as --ckpt (eval and generate read this
- * toolkit's, at any layout): named with the command that converts it, exit
- * 2 as --ckpt-dir's refusal; 1 when it cannot be looked at. Rank 0 looks
- * and every rank of cm (NULL: this process alone) hears its verdict, as the
- * trainer's --ckpt-dir refusal: ranks that looked each for themselves
- * parted ways when only some could see CKPT (a node without the store),
- * those refused waiting in MPI_Finalize for the others, which waited in
- * the communicator's set-up, without a word. */
 /* The launch's communicator at tp x pp x dp, or the exit status of its
  * failure, said once by rank 0. Every rank reaches the same verdict on the
  * layout: one the model does not divide into (layout_error, when not
@@ -174,6 +166,14 @@ static int launch_comm(comm **cm, int *argc, char ***argv, int tp, int pp, int d
     return usage ? 2 : 1;
 }
 
+/* Another tool's checkpoint as --ckpt (eval and generate read this
+ * toolkit's, at any layout): named with the command that converts it, exit
+ * 2 as --ckpt-dir's refusal; 1 when it cannot be looked at. Rank 0 looks
+ * and every rank of cm (NULL: this process alone) hears its verdict, as the
+ * trainer's --ckpt-dir refusal: ranks that looked each for themselves
+ * parted ways when only some could see CKPT (a node without the store),
+ * those refused waiting in MPI_Finalize for the others, which waited in
+ * the communicator's set-up, without a word. */
 static int refuse_foreign_ckpt(comm *cm, const char *command, const char *ckpt)
 {
     cli_foreign foreign = {0};
@@ -843,10 +843,7 @@ int main(int argc, char **argv)
             die_usage("--resume without model options takes the model of the run's newest checkpoint, and %s has none "
                       "that opens (%s): give --model, or all of --layers --dim --heads --vocab --seq",
                       o.ckpt_dir, tp_errmsg());
-        if (model.dtype_given && model.explicit_shape.dtype != TP_FP32 && model.explicit_shape.dtype != TP_BF16)
-            die_usage("--dtype %s: tp-train trains in fp32 or bf16", tp_dtype_name(model.explicit_shape.dtype));
-        o.bf16 = model.dtype_given ? model.explicit_shape.dtype == TP_BF16 : run_bf16;
-        o.config.dtype = TP_FP32;
+        o.config.dtype = model.dtype_given ? model.explicit_shape.dtype : run_bf16 ? TP_BF16 : TP_FP32;
     } else if (gpt_options_finish(&model, &o.config)) {
         die_usage("%s", tp_errmsg());
     }
