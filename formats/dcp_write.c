@@ -600,34 +600,66 @@ static const dialect *dialect_of(dcp_torch_version v)
     return v == DCP_TORCH_1_13 ? &torch113 : &torch2;
 }
 
-static void pk_size(byte_buffer *b, const int64_t *values, int n)
+/* The .metadata pickle being built: each class and string written once,
+ * then the memo's GET of it, as PyTorch's pickler writes it. */
+typedef struct {
+    byte_buffer b;
+    pk_memo *memo;
+    const dialect *d;
+} meta_pickle;
+
+static void meta_string(meta_pickle *p, const char *text)
 {
-    pk_global(b, "torch", "Size");
-    pk_mark(b);
-    pk_mark(b);
-    for (int i = 0; i < n; i++) pk_int(b, values[i]);
-    pk_tuple_end(b);
-    pk_tuple_end(b);
-    pk_reduce(b);
+    pk_shared_string(&p->b, p->memo, text);
+}
+
+static void meta_global(meta_pickle *p, const char *module, const char *name)
+{
+    pk_shared_global(&p->b, p->memo, module, name);
+}
+
+static void meta_object_begin(meta_pickle *p, const char *module, const char *name)
+{
+    pk_object_begin(&p->b, p->memo, module, name);
+    pk_dict_begin(&p->b);
+}
+
+/* The dataclass's state dict closed and given to it. */
+static void meta_object_end(meta_pickle *p)
+{
+    pk_dict_end(&p->b);
+    pk_build(&p->b);
+}
+
+static void meta_size(meta_pickle *p, const int64_t *values, int n)
+{
+    meta_global(p, "torch", "Size");
+    pk_mark(&p->b);
+    pk_mark(&p->b);
+    for (int i = 0; i < n; i++) pk_int(&p->b, values[i]);
+    pk_tuple_end(&p->b);
+    pk_tuple_end(&p->b);
+    pk_reduce(&p->b);
 }
 
 /* TensorProperties(dtype), its state the tuple (dtype, layout, requires_grad,
  * memory format, pin_memory) that its __getstate__ gives. */
-static void pk_properties(byte_buffer *b, const dialect *d, torch_dtype dtype)
+static void meta_properties(meta_pickle *p, torch_dtype dtype)
 {
-    pk_object_begin(b, d->properties, "TensorProperties");
+    byte_buffer *b = &p->b;
+    pk_object_begin(b, p->memo, p->d->properties, "TensorProperties");
     pk_mark(b);
-    pk_global(b, "torch", torch_dtype_name(dtype));
-    pk_global(b, "torch.serialization", "_get_layout");
+    meta_global(p, "torch", torch_dtype_name(dtype));
+    meta_global(p, "torch.serialization", "_get_layout");
     pk_mark(b);
-    pk_string(b, "torch.strided");
+    meta_string(p, "torch.strided");
     pk_tuple_end(b);
     pk_reduce(b);
     pk_bool(b, 0);
-    pk_global(b, "builtins", "getattr");
+    meta_global(p, "builtins", "getattr");
     pk_mark(b);
-    pk_global(b, d->properties, d->encoding);
-    pk_string(b, "TORCH_CONTIGUOUS_FORMAT");
+    meta_global(p, p->d->properties, p->d->encoding);
+    meta_string(p, "TORCH_CONTIGUOUS_FORMAT");
     pk_tuple_end(b);
     pk_reduce(b);
     pk_bool(b, 0);
@@ -635,73 +667,63 @@ static void pk_properties(byte_buffer *b, const dialect *d, torch_dtype dtype)
     pk_build(b);
 }
 
-static void pk_tensor_metadata_begin(byte_buffer *b, const dialect *d, torch_dtype dtype, const int64_t *shape, int ndim)
+static void meta_tensor_begin(meta_pickle *p, torch_dtype dtype, const int64_t *shape, int ndim)
 {
-    pk_object_begin(b, d->metadata, "TensorStorageMetadata");
-    pk_dict_begin(b);
-    pk_string(b, "properties");
-    pk_properties(b, d, dtype);
-    pk_string(b, "size");
-    pk_size(b, shape, ndim);
-    pk_string(b, "chunks");
-    pk_list_begin(b);
+    meta_object_begin(p, p->d->metadata, "TensorStorageMetadata");
+    meta_string(p, "properties");
+    meta_properties(p, dtype);
+    meta_string(p, "size");
+    meta_size(p, shape, ndim);
+    meta_string(p, "chunks");
+    pk_list_begin(&p->b);
 }
 
-static void pk_tensor_metadata_end(byte_buffer *b)
+static void meta_tensor_end(meta_pickle *p)
 {
-    pk_list_end(b);
-    pk_dict_end(b);
-    pk_build(b);
+    pk_list_end(&p->b);
+    meta_object_end(p);
 }
 
-static void pk_chunk(byte_buffer *b, const dialect *d, const int64_t *offsets, const int64_t *sizes, int ndim)
+static void meta_chunk(meta_pickle *p, const int64_t *offsets, const int64_t *sizes, int ndim)
 {
-    pk_object_begin(b, d->metadata, "ChunkStorageMetadata");
-    pk_dict_begin(b);
-    pk_string(b, "offsets");
-    pk_size(b, offsets, ndim);
-    pk_string(b, "sizes");
-    pk_size(b, sizes, ndim);
-    pk_dict_end(b);
-    pk_build(b);
+    meta_object_begin(p, p->d->metadata, "ChunkStorageMetadata");
+    meta_string(p, "offsets");
+    meta_size(p, offsets, ndim);
+    meta_string(p, "sizes");
+    meta_size(p, sizes, ndim);
+    meta_object_end(p);
 }
 
-static void pk_bytes_metadata(byte_buffer *b, const dialect *d)
+static void meta_bytes(meta_pickle *p)
 {
-    pk_object_begin(b, d->metadata, "BytesStorageMetadata");
-    pk_dict_begin(b);
-    pk_dict_end(b);
-    pk_build(b);
+    meta_object_begin(p, p->d->metadata, "BytesStorageMetadata");
+    meta_object_end(p);
 }
 
 /* MetadataIndex(fqn, offset, index) -> _StorageInfo(relative_path, offset, length). */
-static void pk_storage_item(byte_buffer *b, const dialect *d, const char *key, const int64_t *offsets, int ndim, int index,
-                            int file, int64_t item_offset, int64_t item_bytes)
+static void meta_storage_item(meta_pickle *p, const char *key, const int64_t *offsets, int ndim, int index, int file,
+                              int64_t item_offset, int64_t item_bytes)
 {
-    pk_object_begin(b, d->metadata, "MetadataIndex");
-    pk_dict_begin(b);
-    pk_string(b, "fqn");
-    pk_string(b, key);
-    pk_string(b, "offset");
-    if (offsets) pk_size(b, offsets, ndim);
-    else pk_none(b);
-    pk_string(b, "index");
-    if (offsets) pk_int(b, index);
-    else pk_none(b);
-    pk_dict_end(b);
-    pk_build(b);
+    meta_object_begin(p, p->d->metadata, "MetadataIndex");
+    meta_string(p, "fqn");
+    meta_string(p, key);
+    meta_string(p, "offset");
+    if (offsets) meta_size(p, offsets, ndim);
+    else pk_none(&p->b);
+    meta_string(p, "index");
+    if (offsets) pk_int(&p->b, index);
+    else pk_none(&p->b);
+    meta_object_end(p);
     char name[64];
     data_file_name(file, name, sizeof name);
-    pk_object_begin(b, d->filesystem, "_StorageInfo");
-    pk_dict_begin(b);
-    pk_string(b, "relative_path");
-    pk_string(b, name);
-    pk_string(b, "offset");
-    pk_int(b, item_offset);
-    pk_string(b, "length");
-    pk_int(b, item_bytes);
-    pk_dict_end(b);
-    pk_build(b);
+    meta_object_begin(p, p->d->filesystem, "_StorageInfo");
+    meta_string(p, "relative_path");
+    meta_string(p, name);
+    meta_string(p, "offset");
+    pk_int(&p->b, item_offset);
+    meta_string(p, "length");
+    pk_int(&p->b, item_bytes);
+    meta_object_end(p);
 }
 
 /* Where the other entries, the description and the hooks' objects went (file 0). */
@@ -730,60 +752,56 @@ static void entry_offsets(const writer *w, const out_chunk *c, int64_t *offsets,
 
 static int write_metadata(const writer *w, const carried *extra, int num_extra, const char *path)
 {
-    const dialect *d = dialect_of(w->options->torch_version);
     const dcp_checkpoint *others = w->options->others_from;
-    byte_buffer b = {NULL, 0, 0, 0};
-    pk_proto(&b);
-    pk_object_begin(&b, d->metadata, "Metadata");
-    pk_dict_begin(&b);
-    pk_string(&b, "state_dict_metadata");
-    pk_dict_begin(&b);
+    meta_pickle p = {.d = dialect_of(w->options->torch_version)};
+    TP_TRY(pk_memo_create(0, &p.memo));
+    byte_buffer *b = &p.b;
+    pk_proto(b);
+    meta_object_begin(&p, p.d->metadata, "Metadata");
+    meta_string(&p, "state_dict_metadata");
+    pk_dict_begin(b);
     int64_t offsets[CKPT_MAX_DIMS + 1], sizes[CKPT_MAX_DIMS + 1], shape[CKPT_MAX_DIMS + 1];
     for (int e = 0; e < w->num_entries; e++) {
         int first = w->entry_tensor[e];
         const ckpt_tensor_desc *t = ckpt_reader_tensor(w->source, w->tensors[first]);
         int ndim = entry_shape(w, first, shape);
-        pk_string(&b, w->keys[first]);
-        pk_tensor_metadata_begin(&b, d, torch_dtype_from_tp(t->dtype), shape, ndim);
+        meta_string(&p, w->keys[first]);
+        meta_tensor_begin(&p, torch_dtype_from_tp(t->dtype), shape, ndim);
         for (int m = w->member_first[e]; m < w->member_first[e + 1]; m++)
             for (int64_t c = w->tensor_first[w->members[m]]; c < w->tensor_first[w->members[m] + 1]; c++) {
                 entry_offsets(w, &w->chunks[c], offsets, sizes);
-                pk_chunk(&b, d, offsets, sizes, ndim);
+                meta_chunk(&p, offsets, sizes, ndim);
             }
-        pk_tensor_metadata_end(&b);
+        meta_tensor_end(&p);
     }
     for (int x = 0; x < num_extra; x++) {
-        pk_string(&b, carried_key(w, &extra[x]));
-        if (extra[x].entry < 0) {
-            pk_bytes_metadata(&b, d);
+        meta_string(&p, carried_key(w, &extra[x]));
+        const dcp_entry *e = extra[x].entry < 0 ? NULL : dcp_entry_at(others, extra[x].entry);
+        if (!e || e->kind == DCP_BYTES) {
+            meta_bytes(&p);
             continue;
         }
-        const dcp_entry *e = dcp_entry_at(others, extra[x].entry);
-        if (e->kind == DCP_BYTES) {
-            pk_bytes_metadata(&b, d);
-            continue;
-        }
-        pk_tensor_metadata_begin(&b, d, e->dtype, e->shape, e->ndim);
-        for (int c = 0; c < e->num_chunks; c++) pk_chunk(&b, d, e->chunks[c].offsets, e->chunks[c].sizes, e->ndim);
-        pk_tensor_metadata_end(&b);
+        meta_tensor_begin(&p, e->dtype, e->shape, e->ndim);
+        for (int c = 0; c < e->num_chunks; c++) meta_chunk(&p, e->chunks[c].offsets, e->chunks[c].sizes, e->ndim);
+        meta_tensor_end(&p);
     }
-    pk_dict_end(&b);
-    pk_string(&b, "planner_data");
-    if (d->planner_data) { /* the key of each flat entry maps to the path (key,) */
-        pk_dict_begin(&b);
+    pk_dict_end(b);
+    meta_string(&p, "planner_data");
+    if (p.d->planner_data) { /* the key of each flat entry maps to the path (key,) */
+        pk_dict_begin(b);
         for (int e = 0; e < w->num_entries + num_extra; e++) {
             const char *k = e < w->num_entries ? w->keys[w->entry_tensor[e]] : carried_key(w, &extra[e - w->num_entries]);
-            pk_string(&b, k);
-            pk_mark(&b);
-            pk_string(&b, k);
-            pk_tuple_end(&b);
+            meta_string(&p, k);
+            pk_mark(b);
+            meta_string(&p, k);
+            pk_tuple_end(b);
         }
-        pk_dict_end(&b);
+        pk_dict_end(b);
     } else {
-        pk_none(&b);
+        pk_none(b);
     }
-    pk_string(&b, "storage_data");
-    pk_dict_begin(&b);
+    meta_string(&p, "storage_data");
+    pk_dict_begin(b);
     for (int e = 0; e < w->num_entries; e++) {
         int index = 0, first = w->entry_tensor[e];
         int ndim = entry_shape(w, first, shape);
@@ -791,33 +809,33 @@ static int write_metadata(const writer *w, const carried *extra, int num_extra, 
             for (int64_t c = w->tensor_first[w->members[m]]; c < w->tensor_first[w->members[m] + 1]; c++) {
                 const out_chunk *oc = &w->chunks[c];
                 entry_offsets(w, oc, offsets, sizes);
-                pk_storage_item(&b, d, w->keys[first], offsets, ndim, index++, oc->file, oc->item_offset, oc->item_bytes);
+                meta_storage_item(&p, w->keys[first], offsets, ndim, index++, oc->file, oc->item_offset, oc->item_bytes);
             }
     }
     for (int x = 0; x < num_extra; x++) {
         if (extra[x].entry < 0) {
-            pk_storage_item(&b, d, carried_key(w, &extra[x]), NULL, 0, 0, 0, extra[x].item_offset[0], extra[x].item_bytes[0]);
+            meta_storage_item(&p, carried_key(w, &extra[x]), NULL, 0, 0, 0, extra[x].item_offset[0], extra[x].item_bytes[0]);
             continue;
         }
         const dcp_entry *e = dcp_entry_at(others, extra[x].entry);
         for (int c = 0; c < e->num_chunks; c++)
             if (e->chunks[c].file >= 0)
-                pk_storage_item(&b, d, e->key, e->kind == DCP_BYTES ? NULL : e->chunks[c].offsets, e->ndim, c, 0,
-                                extra[x].item_offset[c], extra[x].item_bytes[c]);
+                meta_storage_item(&p, e->key, e->kind == DCP_BYTES ? NULL : e->chunks[c].offsets, e->ndim, c, 0,
+                                  extra[x].item_offset[c], extra[x].item_bytes[c]);
     }
-    pk_dict_end(&b);
-    pk_dict_end(&b);
-    pk_build(&b);
-    pk_stop(&b);
-    int status = b.failed ? tp_fail(TP_ERR_NOMEM, "out of memory for %s", path) : TP_OK;
+    pk_dict_end(b);
+    meta_object_end(&p);
+    pk_stop(b);
+    pk_memo_free(p.memo);
+    int status = b->failed ? tp_fail(TP_ERR_NOMEM, "out of memory for %s", path) : TP_OK;
     FILE *file = status ? NULL : fopen(path, "wbx");
     if (!status && !file) status = tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     if (file) {
-        if (fwrite(b.data, 1, b.size, file) != b.size || fflush(file) != 0 || fsync(fileno(file)) != 0)
+        if (fwrite(b->data, 1, b->size, file) != b->size || fflush(file) != 0 || fsync(fileno(file)) != 0)
             status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
         if (fclose(file) != 0 && !status) status = tp_fail(TP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
     }
-    free(b.data);
+    free(b->data);
     return status;
 }
 

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <isa-l/crc.h>
+#include <xxhash.h>
 
 #include "../common/error.h"
 #include "torch_write.h"
@@ -326,9 +327,10 @@ void pk_reduce(byte_buffer *b)
     op(b, 'R');
 }
 
-void pk_object_begin(byte_buffer *b, const char *module, const char *name)
+void pk_object_begin(byte_buffer *b, pk_memo *memo, const char *module, const char *name)
 {
-    pk_global(b, module, name);
+    if (memo) pk_shared_global(b, memo, module, name);
+    else pk_global(b, module, name);
     op(b, ')');
     op(b, 0x81); /* NEWOBJ */
 }
@@ -417,8 +419,18 @@ typedef struct {
     size_t slots, count;
 } carry_table;
 
+/* The texts written once (pk_shared_global, pk_shared_string): a kind
+ * ('c' a class, 'X' a string) then the text ("module\nname" of a class),
+ * mapped to its memo index. */
+typedef struct {
+    char **texts; /* open addressing by the text's hash, a power of two of slots; owned */
+    int64_t *memo;
+    size_t slots, count;
+} text_table;
+
 struct pk_memo {
     carry_table written;   /* of the whole pickle */
+    text_table shared;
     int64_t next;          /* the next memo index */
     int64_t copy_bytes, copy_budget;
 };
@@ -464,10 +476,56 @@ int pk_memo_create(int64_t copy_budget, pk_memo **out)
     return TP_OK;
 }
 
+static void text_table_free(text_table *t)
+{
+    for (size_t i = 0; i < t->slots; i++) free(t->texts[i]);
+    free(t->texts);
+    free(t->memo);
+    memset(t, 0, sizeof *t);
+}
+
+static size_t text_slot(const text_table *t, const char *text)
+{
+    size_t i = (size_t)XXH3_64bits(text, strlen(text)) & (t->slots - 1);
+    while (t->texts[i] && strcmp(t->texts[i], text)) i = (i + 1) & (t->slots - 1);
+    return i;
+}
+
+/* The memo index of text written before (>= 0), or -1 after recording it
+ * with the next index (*index), which the caller PUTs; -2: out of memory. */
+static int64_t shared_text(pk_memo *memo, const char *text, int64_t *index)
+{
+    text_table *t = &memo->shared;
+    if (2 * (t->count + 1) > t->slots) {
+        size_t slots = t->slots ? 2 * t->slots : 64;
+        text_table bigger = {calloc(slots, sizeof *bigger.texts), malloc(slots * sizeof *bigger.memo), slots, t->count};
+        if (!bigger.texts || !bigger.memo) {
+            text_table_free(&bigger);
+            return -2;
+        }
+        for (size_t i = 0; i < t->slots; i++)
+            if (t->texts[i]) {
+                size_t j = text_slot(&bigger, t->texts[i]);
+                bigger.texts[j] = t->texts[i];
+                bigger.memo[j] = t->memo[i];
+                t->texts[i] = NULL;
+            }
+        text_table_free(t);
+        *t = bigger;
+    }
+    size_t slot = text_slot(t, text);
+    if (t->texts[slot]) return t->memo[slot];
+    if (!(t->texts[slot] = strdup(text))) return -2;
+    t->count++;
+    *index = t->memo[slot] = memo->next++;
+    return -1;
+}
+
 void pk_memo_free(pk_memo *memo)
 {
     if (!memo) return;
     table_free(&memo->written);
+    text_table_free(&memo->shared);
     free(memo);
 }
 
@@ -505,6 +563,44 @@ static void put_memo(carry_walk *w, size_t slot)
 static void get_memo(carry_walk *w, int64_t index)
 {
     if (w->b) memo_op(w->b, 'h', 'j', index); /* BINGET, LONG_BINGET */
+}
+
+/* kind then text, written once: a GET of it when written before, else
+ * what write emits and a PUT. */
+static void write_shared(byte_buffer *b, pk_memo *memo, char kind, const char *text, const char *second,
+                         void (*write)(byte_buffer *, const char *, const char *))
+{
+    char stack[256], *key = stack;
+    size_t size = strlen(text) + (second ? strlen(second) + 1 : 0) + 2;
+    if (size > sizeof stack && !(key = malloc(size))) {
+        b->failed = 1;
+        return;
+    }
+    snprintf(key, size, "%c%s%s%s", kind, text, second ? "\n" : "", second ? second : "");
+    int64_t index = 0, found = shared_text(memo, key, &index);
+    if (key != stack) free(key);
+    if (found == -2) b->failed = 1;
+    else if (found >= 0) memo_op(b, 'h', 'j', found); /* BINGET, LONG_BINGET */
+    else {
+        write(b, text, second);
+        memo_op(b, 'q', 'r', index); /* BINPUT, LONG_BINPUT */
+    }
+}
+
+static void write_string(byte_buffer *b, const char *text, const char *unused)
+{
+    (void)unused;
+    pk_string(b, text);
+}
+
+void pk_shared_global(byte_buffer *b, pk_memo *memo, const char *module, const char *name)
+{
+    write_shared(b, memo, 'c', module, name, pk_global);
+}
+
+void pk_shared_string(byte_buffer *b, pk_memo *memo, const char *text)
+{
+    write_shared(b, memo, 'X', text, NULL, write_string);
 }
 
 /* The path of a part: path[at] on, appended (cut where too long). */

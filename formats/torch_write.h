@@ -66,8 +66,6 @@ void pk_stop(byte_buffer *b);
 void pk_mark(byte_buffer *b);        /* MARK: a tuple's items follow */
 void pk_tuple_end(byte_buffer *b);   /* TUPLE of the items since the MARK */
 void pk_reduce(byte_buffer *b);      /* REDUCE: the callable below called with the tuple on top */
-/* module.name.__new__(module.name): an object whose state follows, then pk_build. */
-void pk_object_begin(byte_buffer *b, const char *module, const char *name);
 void pk_build(byte_buffer *b);       /* BUILD: the state on top given to the object below */
 /* A value read by pickle.c from a source file, written back into the
  * pickle b: a Namespace, an enum, a dtype, a dict of them, an RNG state
@@ -86,6 +84,17 @@ typedef struct pk_memo pk_memo;
  * bounds the bytes of all the copies (pk_origin.copy) written with it. */
 int pk_memo_create(int64_t copy_budget, pk_memo **out);
 void pk_memo_free(pk_memo *memo);
+
+/* A class or a string written once per pickle, as Python's pickler writes
+ * what repeats: the first time with a PUT into memo, then as a GET of it
+ * (a DCP .metadata names ChunkStorageMetadata, torch.Size and "offsets"
+ * once per chunk: without them, three times PyTorch's opcodes). A failed
+ * allocation marks b failed. */
+void pk_shared_global(byte_buffer *b, pk_memo *memo, const char *module, const char *name);
+void pk_shared_string(byte_buffer *b, pk_memo *memo, const char *text);
+/* module.name.__new__(module.name): an object whose state follows, then
+ * pk_build; its class shared through memo (NULL: written out). */
+void pk_object_begin(byte_buffer *b, pk_memo *memo, const char *module, const char *name);
 
 typedef int (*pk_tensor_fn)(void *ctx, const pickle_value *tensor);
 typedef struct {

@@ -20,6 +20,20 @@ RS="$BIN/tp-reshard"
 DATA="$ROOT/tests/data/dcp"
 JUDGE="$ROOT/tests/formats/dcp_torch.py"
 
+# pickled_once FILE: a .metadata written as PyTorch's pickler writes it, each
+# class and string once, then the memo's GET (written out at every chunk, it
+# was 4.7 times the size and as many values to read).
+pickled_once() {
+    "$PY" - "$1" <<'PYEOF'
+import collections, pickletools, sys
+seen = collections.Counter((op.name, arg) for op, arg, _ in pickletools.genops(open(sys.argv[1], "rb").read())
+                           if op.name in ("GLOBAL", "BINUNICODE"))
+again = [k for k, n in seen.items() if n > 1]
+assert not again, again[:4]
+assert any(name == "GLOBAL" and arg.endswith(" ChunkStorageMetadata") for name, arg in seen), seen
+PYEOF
+}
+
 # judge_fixtures DIR: the fixtures torch wrote in DIR (cols2, grid4) read
 # and resharded as torch reads them, our DCP of each loaded by torch.
 judge_fixtures() {
@@ -151,6 +165,7 @@ expect_ok "diff after two DCP reshards" "$CK" diff "$WORK/gpt" "$WORK/gpt.back"
 expect_ok "DCP tp2pp2 with each piece cut again over 3 data-parallel ranks (FSDP x TP): two-axis chunks" "$RS" \
     "$WORK/gpt" --format dcp --dcp-torch "$DIALECT" --to tp2pp2 --dcp-dp 3 -o "$WORK/gpt.fsdp" --verify
 check "a data file per rank: 2 x 2 x 3" [ "$(ls "$WORK/gpt.fsdp" | grep -c '^__[0-9]*_0.distcp$')" -eq 12 ]
+check "its .metadata names each class and each string once" pickled_once "$WORK/gpt.fsdp/.metadata"
 expect_ok "the FSDP x TP chunks back to tp4pp1, bit-exact" "$RS" "$WORK/gpt.fsdp" --format tp --to tp4pp1 \
     -o "$WORK/gpt.fsdp.tp"
 expect_ok "diff" "$CK" diff "$WORK/gpt" "$WORK/gpt.fsdp.tp"

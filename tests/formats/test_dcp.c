@@ -208,15 +208,15 @@ static void write_hostile(const char *path, const hostile_case *c)
     const char *m = "torch.distributed.checkpoint.metadata";
     byte_buffer b = {NULL, 0, 0, 0};
     pk_proto(&b);
-    pk_object_begin(&b, m, c->root_class ? c->root_class : "Metadata");
+    pk_object_begin(&b, NULL, m, c->root_class ? c->root_class : "Metadata");
     pk_dict_begin(&b);
     pk_string(&b, "state_dict_metadata");
     pk_dict_begin(&b);
     pk_string(&b, "w");
-    pk_object_begin(&b, m, "TensorStorageMetadata");
+    pk_object_begin(&b, NULL, m, "TensorStorageMetadata");
     pk_dict_begin(&b);
     pk_string(&b, "properties");
-    pk_object_begin(&b, m, "TensorProperties");
+    pk_object_begin(&b, NULL, m, "TensorProperties");
     pk_mark(&b);
     pk_global(&b, "torch", c->dtype ? c->dtype : "float32");
     pk_tuple_end(&b);
@@ -226,7 +226,7 @@ static void write_hostile(const char *path, const hostile_case *c)
     pk_string(&b, "chunks");
     pk_list_begin(&b);
     for (int k = 0; k < c->chunks; k++) {
-        pk_object_begin(&b, m, "ChunkStorageMetadata");
+        pk_object_begin(&b, NULL, m, "ChunkStorageMetadata");
         pk_dict_begin(&b);
         pk_string(&b, "offsets");
         pk_size2(&b, c->offsets[k]);
@@ -240,7 +240,7 @@ static void write_hostile(const char *path, const hostile_case *c)
     pk_build(&b);
     if (c->key2) {
         pk_string(&b, c->key2);
-        pk_object_begin(&b, m, "BytesStorageMetadata");
+        pk_object_begin(&b, NULL, m, "BytesStorageMetadata");
         pk_dict_begin(&b);
         pk_dict_end(&b);
         pk_build(&b);
@@ -249,7 +249,7 @@ static void write_hostile(const char *path, const hostile_case *c)
     pk_string(&b, "storage_data");
     pk_dict_begin(&b);
     for (int k = 0; k < c->storage; k++) {
-        pk_object_begin(&b, m, "MetadataIndex");
+        pk_object_begin(&b, NULL, m, "MetadataIndex");
         pk_dict_begin(&b);
         pk_string(&b, "fqn");
         pk_string(&b, "w");
@@ -257,7 +257,7 @@ static void write_hostile(const char *path, const hostile_case *c)
         pk_size2(&b, c->offsets[k]);
         pk_dict_end(&b);
         pk_build(&b);
-        pk_object_begin(&b, "torch.distributed.checkpoint.filesystem", "_StorageInfo");
+        pk_object_begin(&b, NULL, "torch.distributed.checkpoint.filesystem", "_StorageInfo");
         pk_dict_begin(&b);
         pk_string(&b, "relative_path");
         pk_string(&b, c->path[k] ? c->path[k] : "__0_0.distcp");

@@ -42,7 +42,7 @@ static int write_back(const pickle_value *v, pk_memo *memo, int copy, byte_buffe
 static void namespace_with_call(byte_buffer *b, const char *module, const char *name)
 {
     pk_proto(b);
-    pk_object_begin(b, "argparse", "Namespace");
+    pk_object_begin(b, NULL, "argparse", "Namespace");
     pk_dict_begin(b);
     pk_string(b, "data_path");
     pk_list_begin(b);
@@ -156,7 +156,7 @@ Test(torch_write, known_classes_and_data_round_trip)
 {
     byte_buffer b = {0};
     pk_proto(&b);
-    pk_object_begin(&b, "argparse", "Namespace");
+    pk_object_begin(&b, NULL, "argparse", "Namespace");
     pk_dict_begin(&b);
     pk_string(&b, "params_dtype");
     pk_global(&b, "torch", "bfloat16");
@@ -387,5 +387,63 @@ Test(torch_write, copies_share_nothing_and_stay_within_their_budget)
     pk_memo_free(memo);
     pickle_free(doc);
     free(out.data);
+    free(b.data);
+}
+
+/* pk_shared_string and pk_shared_global, as a DCP .metadata uses them: each
+ * text written once, then a GET of the same value (past 256 memo entries the
+ * 4-byte forms); a string spelled like a class stays a string; the memo's
+ * indices run on with what pk_value puts. */
+Test(torch_write, shared_classes_and_strings_are_written_once_and_read_back_as_one_value)
+{
+    byte_buffer b = {0};
+    pk_memo *memo;
+    cr_assert_eq(pk_memo_create(0, &memo), TP_OK);
+    pk_proto(&b);
+    pk_list_begin(&b);
+    char name[32];
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "layers.%d.weight", i);
+        pk_shared_string(&b, memo, name);
+        pk_shared_string(&b, memo, "offsets");
+        pk_shared_global(&b, memo, "torch", "Size");
+    }
+    pk_shared_string(&b, memo, "torch\nSize");
+    pickle_doc *carried_doc = NULL;
+    static const unsigned char carried[] = "\x80\x02X\x04\x00\x00\x00leafq\x00.";
+    cr_assert_eq(pickle_load(carried, sizeof carried - 1, "leaf.pkl", NULL, &carried_doc), TP_OK, "%s", tp_errmsg());
+    pk_origin from = {.file = "leaf.pkl", .path = "leaf"};
+    cr_assert_eq(pk_value(&b, memo, pickle_root(carried_doc), &from), TP_OK, "%s", tp_errmsg());
+    pk_shared_string(&b, memo, "offsets");
+    cr_assert_eq(pk_value(&b, memo, pickle_root(carried_doc), &from), TP_OK, "%s", tp_errmsg());
+    pk_list_end(&b);
+    pk_stop(&b);
+    cr_assert(!b.failed);
+    size_t times = 0;
+    for (size_t at = 0; at + 7 <= b.size; at++) times += !memcmp(b.data + at, "offsets", 7);
+    cr_assert_eq(times, 1, "\"offsets\" written %zu times", times);
+
+    pickle_doc *back = load(&b);
+    const pickle_value *list = pickle_root(back);
+    cr_assert_eq(list->kind, PICKLE_LIST);
+    cr_assert_eq(list->items.count, 3 * 300 + 4);
+    pickle_value *const *item = list->items.items;
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "layers.%d.weight", i);
+        cr_assert(pickle_is_string(item[3 * i], name), "item %d", 3 * i);
+        cr_assert_eq(item[3 * i + 1], item[1], "\"offsets\" at %d is another value", i);
+        cr_assert_eq(item[3 * i + 2], item[2], "torch.Size at %d is another value", i);
+    }
+    cr_assert(pickle_is_string(item[1], "offsets"));
+    cr_assert_eq(item[2]->kind, PICKLE_GLOBAL);
+    cr_assert_str_eq(item[2]->text.data, "torch.Size");
+    cr_assert(pickle_is_string(item[900], "torch\nSize"), "a string spelled like a class read as a %s",
+              pickle_kind_name(item[900]->kind));
+    cr_assert(pickle_is_string(item[901], "leaf"));
+    cr_assert_eq(item[902], item[1], "\"offsets\" after a carried value");
+    cr_assert_eq(item[903], item[901], "the carried value again");
+    pk_memo_free(memo);
+    pickle_free(back);
+    pickle_free(carried_doc);
     free(b.data);
 }
