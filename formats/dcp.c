@@ -810,9 +810,10 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
     }
     if (!status) status = dcp_locate(dcp, located, chunk, chunk_entry, threads, data_offset, checks);
     int num_checks = status ? 0 : dcp_compact_checks(checks, located);
-    /* The boxes: a chunk may become one per segment it spans. */
-    int64_t box_capacity = located * CKPT_MAX_SEGMENTS + 1, num_boxes = 0;
-    ckpt_foreign_box *boxes = status ? NULL : calloc((size_t)box_capacity, sizeof *boxes);
+    /* The boxes: a chunk may become one per segment it spans, most one
+     * (grown as they come: room for every chunk's 16 was 2.3 KB a chunk). */
+    int64_t box_capacity = located + CKPT_MAX_SEGMENTS, num_boxes = 0;
+    ckpt_foreign_box *boxes = status ? NULL : malloc((size_t)box_capacity * sizeof *boxes);
     int64_t *box_first = status ? NULL : calloc((size_t)n + 1, sizeof *box_first);
     if (!status && (!boxes || !box_first)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0, at = 0; !status && i < n; i++) {
@@ -820,6 +821,15 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
         const dcp_entry *e = &dcp->entries[entry[i]];
         for (; at < located && chunk_entry[at] == entry[i] && !status; at++) {
             int64_t m;
+            if (num_boxes + CKPT_MAX_SEGMENTS > box_capacity) {
+                ckpt_foreign_box *grown = realloc(boxes, (size_t)(2 * box_capacity) * sizeof *boxes);
+                if (!grown) {
+                    status = tp_fail(TP_ERR_NOMEM, "out of memory for %lld chunks' boxes", (long long)located);
+                    break;
+                }
+                boxes = grown;
+                box_capacity *= 2;
+            }
             const dcp_chunk *c = &dcp->chunks[chunk[at]];
             char where[CKPT_PATH_MAX + KEY_MAX + 8];
             snprintf(where, sizeof where, "%s: %s", dcp->path, e->key);
