@@ -38,6 +38,8 @@ static const char report_usage[] =
     "  -o, --output FILE    the picture, a local file; it appears whole or not at all (written under a\n"
     "                       staging name beside it, renamed into place); never inside a checkpoint\n"
     "  --force              replace an existing FILE; only an earlier report (known by its mark)\n"
+    "  --state-dir DIR      the run's state, as given to `tp-elastic run --state-dir` (the default above)\n"
+    "  --events FILE        its events, as given to `tp-elastic run --events` (default: DIR/events.jsonl)\n"
     "\n"
     "An existing FILE is refused (exit 1) without --force, and anything but a report even with it.\n";
 
