@@ -333,6 +333,59 @@ static int config_number(const cJSON *o, const char *where, const char *key, dou
     return TP_OK;
 }
 
+/* RoPE's settings, as transformers reads them. Version 4 writes
+ * rope_theta and rope_scaling (null, or a dict of the type and its keys);
+ * version 5 rope_parameters, a dict holding rope_theta too
+ * (modeling_rope_utils.py: rope_scaling taken first where both are given,
+ * rope_theta from the dict, else the top level, else 10000; the type from
+ * rope_type or type, "default" when absent). Of the types, "default" (no
+ * scaling) and Llama 3's are computed; the others, and a partial rotary
+ * factor, are refused naming the key. */
+static int llama_rope_parse(const cJSON *o, const char *where, gpt_config *c)
+{
+    const char *name = "rope_scaling";
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!r || cJSON_IsNull(r) || (cJSON_IsObject(r) && !r->child)) { /* Python's falsy: None or {} */
+        name = "rope_parameters";
+        r = cJSON_GetObjectItemCaseSensitive(o, name);
+    }
+    if (r && cJSON_IsNull(r)) r = NULL;
+    if (r && !cJSON_IsObject(r)) return tp_fail(TP_ERR_FORMAT, "%s: %s is %s, not an object", where, name, json_kind(r));
+    char inner[CKPT_PATH_MAX + 32]; /* a key inside the dict: "c.json: rope_parameters" */
+    snprintf(inner, sizeof inner, "%s: %s", where, name);
+    const int theta_inside = r && cJSON_GetObjectItemCaseSensitive(r, "rope_theta");
+    TP_TRY(config_number(theta_inside ? r : o, theta_inside ? inner : where, "rope_theta", 10000, &c->rope_theta));
+    for (int inside = 0; inside < 2; inside++) {
+        const cJSON *partial = cJSON_GetObjectItemCaseSensitive(inside ? r : o, "partial_rotary_factor");
+        if (partial && !cJSON_IsNull(partial) && !(cJSON_IsNumber(partial) && partial->valuedouble == 1))
+            return tp_fail(TP_ERR_FORMAT, "%s: partial_rotary_factor %s: this Llama rotates every dimension of a head",
+                           inside ? inner : where, cJSON_IsNumber(partial) ? "below 1" : json_kind(partial));
+        if (!r) break;
+    }
+    if (!r) return TP_OK;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(r, "rope_type");
+    if (!type) type = cJSON_GetObjectItemCaseSensitive(r, "type");
+    if (type && !cJSON_IsString(type))
+        return tp_fail(TP_ERR_FORMAT, "%s: rope_type is %s, not a string", inner, json_kind(type));
+    if (!type || !strcmp(type->valuestring, "default")) return TP_OK;
+    if (strcmp(type->valuestring, "llama3"))
+        return tp_fail(TP_ERR_FORMAT, "%s: rope_type %s: of the scaled types, Llama 3's (llama3) is computed", inner,
+                       type->valuestring);
+    TP_TRY(config_number(r, inner, "factor", 0, &c->rope_scaling_factor));
+    /* This toolkit's factor 0 means no scaling (gpt_config): a factor 0
+     * given was imported unscaled, where -2 was refused. */
+    if (!(c->rope_scaling_factor >= 1))
+        return tp_fail(TP_ERR_FORMAT, "%s factor %g: expected factor >= 1 (%s null for none)", inner,
+                       c->rope_scaling_factor, name);
+    TP_TRY(config_number(r, inner, "low_freq_factor", 0, &c->rope_low_freq_factor));
+    TP_TRY(config_number(r, inner, "high_freq_factor", 0, &c->rope_high_freq_factor));
+    /* The context it was trained at: in the dict; version 5 also takes the
+     * top level's, then max_position_embeddings. */
+    const char *original = "original_max_position_embeddings";
+    const cJSON *holder = cJSON_GetObjectItemCaseSensitive(r, original) ? r : o;
+    return config_int(holder, holder == r ? inner : where, original, holder == r ? 0 : c->seq, &c->rope_original_seq);
+}
+
 /* LlamaForCausalLM's config.json; what this Llama does not compute is
  * refused, naming the key. */
 static int llama_hf_config_parse(const cJSON *o, const char *where, gpt_config *c)
@@ -347,7 +400,7 @@ static int llama_hf_config_parse(const cJSON *o, const char *where, gpt_config *
     TP_TRY(config_int(o, where, "vocab_size", 0, &c->vocab));
     TP_TRY(config_int(o, where, "max_position_embeddings", 0, &c->seq));
     TP_TRY(config_number(o, where, "rms_norm_eps", 1e-6, &c->norm_eps)); /* LlamaConfig's defaults */
-    TP_TRY(config_number(o, where, "rope_theta", 10000, &c->rope_theta));
+    TP_TRY(llama_rope_parse(o, where, c));
     int64_t head_dim = 0;
     if (c->dim % c->heads)
         return tp_fail(TP_ERR_FORMAT, "%s: hidden_size %lld is not a multiple of num_attention_heads %lld", where,
@@ -357,34 +410,19 @@ static int llama_hf_config_parse(const cJSON *o, const char *where, gpt_config *
         return tp_fail(TP_ERR_FORMAT, "%s: head_dim %lld: this Llama's heads are hidden_size / num_attention_heads = %lld",
                        where, (long long)head_dim, (long long)(c->dim / c->heads));
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "hidden_act");
-    if (v && (!cJSON_IsString(v) || strcmp(v->valuestring, "silu")))
+    /* transformers' ACT2FN names SiLU both ways */
+    if (v && (!cJSON_IsString(v) || (strcmp(v->valuestring, "silu") && strcmp(v->valuestring, "swish"))))
         return tp_fail(TP_ERR_FORMAT, "%s: hidden_act %s: Llama's MLP is SwiGLU (silu)", where,
                        cJSON_IsString(v) ? v->valuestring : "(not a string)");
     const char *off[] = {"attention_bias", "mlp_bias"};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2; i++) { /* null is no bias too: nn.Linear(bias=None) */
         v = cJSON_GetObjectItemCaseSensitive(o, off[i]);
-        if (v && !cJSON_IsFalse(v)) return tp_fail(TP_ERR_FORMAT, "%s: %s must be false: this Llama has no biases", where, off[i]);
+        if (v && !cJSON_IsFalse(v) && !cJSON_IsNull(v))
+            return tp_fail(TP_ERR_FORMAT, "%s: %s must be false: this Llama has no biases", where, off[i]);
     }
     v = cJSON_GetObjectItemCaseSensitive(o, "tie_word_embeddings");
     if (v && !cJSON_IsBool(v)) return tp_fail(TP_ERR_FORMAT, "%s: tie_word_embeddings is not a boolean", where);
     c->untied_embeddings = !cJSON_IsTrue(v); /* LlamaConfig: untied unless said */
-    const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
-    if (r && !cJSON_IsNull(r)) {
-        const cJSON *type = cJSON_GetObjectItemCaseSensitive(r, "rope_type");
-        if (!type) type = cJSON_GetObjectItemCaseSensitive(r, "type");
-        if (!cJSON_IsObject(r) || !cJSON_IsString(type) || strcmp(type->valuestring, "llama3"))
-            return tp_fail(TP_ERR_FORMAT, "%s: rope_scaling of type %s: Llama 3's (llama3) is computed", where,
-                           cJSON_IsString(type) ? type->valuestring : "(none)");
-        TP_TRY(config_number(r, where, "factor", 0, &c->rope_scaling_factor));
-        /* This toolkit's factor 0 means no scaling (gpt_config): a factor 0
-         * given was imported unscaled, where -2 was refused. */
-        if (!(c->rope_scaling_factor >= 1))
-            return tp_fail(TP_ERR_FORMAT, "%s: rope_scaling factor %g: expected factor >= 1 (rope_scaling null for "
-                           "none)", where, c->rope_scaling_factor);
-        TP_TRY(config_number(r, where, "low_freq_factor", 0, &c->rope_low_freq_factor));
-        TP_TRY(config_number(r, where, "high_freq_factor", 0, &c->rope_high_freq_factor));
-        TP_TRY(config_int(r, where, "original_max_position_embeddings", 0, &c->rope_original_seq));
-    }
     return TP_OK;
 }
 

@@ -9,6 +9,8 @@
 #     cJSON the first: rope_theta 10000 imported for 500000);
 #   - a llama3 rope_scaling factor 0 (stored as "no scaling"), refused as
 #     -2 is; a number given as a string said to be a string;
+#   - transformers 5's rope_parameters read as version 4's rope_theta and
+#     rope_scaling (it was ignored), a type not computed refused;
 #   - an output under a regular file said to be under a file;
 #   - an import into a run directory holding another run's checkpoints
 #     (`latest` stayed on them, and --resume continued that run), and an
@@ -69,6 +71,34 @@ PYEOF
     expect_error "rope_scaling factor $factor" 1 "config.json: rope_scaling factor $factor: expected factor >= 1" \
         "$CK" import "$WORK/factor$factor" -o "$WORK/bad-factor$factor" --tp 1 --pp 1
 done
+
+# transformers 5 writes RoPE as rope_parameters (rope_theta inside it, no
+# rope_scaling): the same model as version 4's spelling (rope_parameters was
+# ignored: theta 10000, unscaled, imported without a word).
+expect_ok "synth a Llama 3 of theta 500000 scaled by 32" "$CK" synth -o "$WORK/llama3" --tp 1 --pp 1 $LLAMA \
+    --rope-theta 500000 --rope-scaling 32
+expect_ok "export it (transformers 4's rope_theta and rope_scaling)" "$CK" export "$WORK/llama3" --format safetensors \
+    -o "$WORK/hf-llama3"
+"$PY" - "$WORK/hf-llama3" "$WORK/hf-llama3-v5" <<'PYEOF'
+import json, shutil, sys
+shutil.copytree(sys.argv[1], sys.argv[2])
+c = json.load(open(sys.argv[2] + "/config.json"))
+c["rope_parameters"] = dict(c.pop("rope_scaling"), rope_theta=c.pop("rope_theta"))
+json.dump(c, open(sys.argv[2] + "/config.json", "w"))
+PYEOF
+for v in llama3 llama3-v5; do
+    expect_ok "import the $v spelling" "$CK" import "$WORK/hf-$v" -o "$WORK/imp-$v" --tp 1 --pp 1
+    expect_ok "its model" "$CK" info "$WORK/imp-$v" --json
+    cp "$WORK/.out" "$WORK/imp-$v.json"
+done
+check "both spellings import the same model: theta 500000, scaled by 32" "$PY" -c '
+import json, sys
+a, b = (json.load(open(p))["model"] for p in sys.argv[1:3])
+sys.exit(not (a == b and a["rope_theta"] == 500000 and a["rope_scaling"]["factor"] == 32))' \
+    "$WORK/imp-llama3.json" "$WORK/imp-llama3-v5.json"
+edited yarn "$WORK/hf-llama3-v5" 's/"rope_type": "llama3"/"rope_type": "yarn"/'
+expect_error "a RoPE this Llama does not compute" 1 "config.json: rope_parameters: rope_type yarn" \
+    "$CK" import "$WORK/yarn" -o "$WORK/bad-yarn" --tp 1 --pp 1
 
 edited eps-string "$WORK/hf" 's/"layer_norm_epsilon":[^,}]*/"layer_norm_epsilon": "1e-5"/'
 expect_error "layer_norm_epsilon as a string" 1 "config.json: layer_norm_epsilon is a string, not a number" \

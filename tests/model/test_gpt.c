@@ -440,7 +440,6 @@ Test(interop, a_config_key_given_twice_is_refused)
                  TP_ERR_FORMAT);
     cr_assert(strstr(tp_errmsg(), "c.json: key rope_theta appears twice"), "%s", tp_errmsg());
 }
-#undef LLAMA_KEYS
 
 /* A fused QKV's heads (blocks of kv_channels rows) as labels: query head h
  * is h, group g's key heads + g, its value heads + groups + g. */
@@ -501,3 +500,71 @@ Test(megatron_qkv, every_block_of_every_rank_from_megatrons_rows)
         free(catalog);
     }
 }
+
+/* RoPE as transformers reads it: version 5's rope_parameters (rope_theta
+ * inside it), rope_scaling taken first where both are given, the "default"
+ * type as no scaling, original_max_position_embeddings from the top level
+ * or max_position_embeddings; other types and a partial rotary factor
+ * refused naming the key. A rope_parameters was ignored: a Llama 3 of
+ * theta 500000 scaled by 32 was imported at theta 10000, unscaled. */
+Test(interop, rope_parameters_of_transformers_5_and_rope_scaling_of_4)
+{
+    static const struct {
+        const char *keys;
+        double theta, factor;
+        int64_t original;
+    } read[] = {
+        {"\"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 500000.0, \"factor\": 32.0, "
+         "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}",
+         500000, 32, 8192},
+        {"\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000.0}", 500000, 0, 0},
+        {"\"rope_theta\": 250000, \"rope_parameters\": {\"type\": \"default\"}", 250000, 0, 0},
+        {"\"rope_theta\": 250000, \"rope_scaling\": {\"rope_type\": \"default\"}", 250000, 0, 0},
+        {"\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+         "\"original_max_position_embeddings\": 4096}, \"rope_parameters\": {\"rope_type\": \"llama3\", \"factor\": 32, "
+         "\"low_freq_factor\": 1, \"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}", 10000, 8, 4096},
+        {"\"rope_scaling\": null, \"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 500000, \"factor\": 32, "
+         "\"low_freq_factor\": 1, \"high_freq_factor\": 4}, \"original_max_position_embeddings\": 2048", 500000, 32, 2048},
+        {"\"rope_parameters\": {\"rope_type\": \"llama3\", \"factor\": 32, \"low_freq_factor\": 1, \"high_freq_factor\": 4}",
+         10000, 32, 16},
+        {"\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e6, \"partial_rotary_factor\": 1.0}", 1e6, 0, 0},
+        {"\"hidden_act\": \"swish\", \"mlp_bias\": null, \"attention_bias\": null", 10000, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof read / sizeof *read; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{" LLAMA_KEYS ", %s}", read[i].keys);
+        gpt_config c;
+        cr_assert_eq(gpt_hf_config_parse(json, "c.json", &c), TP_OK, "%s: %s", read[i].keys, tp_errmsg());
+        cr_assert(c.rope_theta == read[i].theta && c.rope_scaling_factor == read[i].factor &&
+                      (read[i].factor == 0 || (c.rope_original_seq == read[i].original && c.rope_low_freq_factor == 1 &&
+                                               c.rope_high_freq_factor == 4)),
+                  "%s: theta %g factor %g original %lld", read[i].keys, c.rope_theta, c.rope_scaling_factor,
+                  (long long)c.rope_original_seq);
+    }
+    static const struct {
+        const char *keys, *message;
+    } refused[] = {
+        {"\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4, \"original_max_position_embeddings\": 4096}",
+         "c.json: rope_parameters: rope_type yarn: of the scaled types, Llama 3's (llama3) is computed"},
+        {"\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}", "c.json: rope_scaling: rope_type linear"},
+        {"\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": null}",
+         "c.json: rope_parameters: 'rope_theta' is null, not a number"},
+        {"\"rope_parameters\": {\"rope_type\": \"default\", \"partial_rotary_factor\": 0.5}",
+         "c.json: rope_parameters: partial_rotary_factor below 1"},
+        {"\"partial_rotary_factor\": 0.5", "c.json: partial_rotary_factor below 1"},
+        {"\"rope_parameters\": [10000]", "c.json: rope_parameters is an array, not an object"},
+        {"\"rope_parameters\": {\"rope_type\": \"llama3\", \"factor\": 0.5, \"low_freq_factor\": 1, \"high_freq_factor\": 4}",
+         "c.json: rope_parameters factor 0.5: expected factor >= 1 (rope_parameters null for none)"},
+        {"\"hidden_act\": \"gelu\"", "c.json: hidden_act gelu"},
+        {"\"mlp_bias\": true", "c.json: mlp_bias must be false"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{" LLAMA_KEYS ", %s}", refused[i].keys);
+        gpt_config c;
+        cr_assert_eq(gpt_hf_config_parse(json, "c.json", &c), TP_ERR_FORMAT, "%s: read", refused[i].keys);
+        cr_assert(strstr(tp_errmsg(), refused[i].message), "%s: %s", refused[i].keys, tp_errmsg());
+    }
+}
+
+#undef LLAMA_KEYS
