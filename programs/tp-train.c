@@ -838,12 +838,10 @@ int main(int argc, char **argv)
          * resume would otherwise have to repeat (and a forgotten --dtype
          * bf16 went on in fp32). */
         char resolved[4096];
-        int run_bf16 = 0;
-        if (checkpoint_run_model(o.ckpt_dir, &o.config, &run_bf16, resolved, sizeof resolved))
+        if (checkpoint_run_model(o.ckpt_dir, &model, &o.config, resolved, sizeof resolved))
             die_usage("--resume without model options takes the model of the run's newest checkpoint, and %s has none "
                       "that opens (%s): give --model, or all of --layers --dim --heads --vocab --seq",
                       o.ckpt_dir, tp_errmsg());
-        o.config.dtype = model.dtype_given ? model.explicit_shape.dtype : run_bf16 ? TP_BF16 : TP_FP32;
     } else if (gpt_options_finish(&model, &o.config)) {
         die_usage("%s", tp_errmsg());
     }

@@ -985,10 +985,16 @@ static int model_config_of(const char *path, gpt_config *out, int *bf16, char *r
     return status;
 }
 
-int checkpoint_run_model(const char *path, gpt_config *out, int *bf16, char *resolved, size_t resolved_size)
+int checkpoint_run_model(const char *path, const gpt_options *given, gpt_config *out, char *resolved,
+                         size_t resolved_size)
 {
-    *bf16 = 0;
-    return model_config_of(path, out, bf16, resolved, resolved_size);
+    int bf16 = 0;
+    TP_TRY(model_config_of(path, out, &bf16, resolved, resolved_size));
+    /* The checkpoint's own dtype is its weights' (fp32 under bf16 mixed
+     * precision too): the run's record says how it trained, which a resume
+     * keeps unless told (a forgotten --dtype bf16 went on in fp32). */
+    out->dtype = given && given->dtype_given ? given->explicit_shape.dtype : bf16 ? TP_BF16 : TP_FP32;
+    return TP_OK;
 }
 
 int checkpoint_model_config(comm *c, const char *path, gpt_config *out, char *resolved, size_t resolved_size)

@@ -132,10 +132,17 @@ int checkpoint_any(comm *c, const char *dir, int *dir_exists, int *any);
  * rank's. Collective. */
 int checkpoint_model_config(comm *c, const char *path, gpt_config *out, char *resolved, size_t resolved_size);
 
-/* The same, read by this process alone (before a communicator exists: each
- * rank of a launch reads it), with the precision the run trained in as the
- * trainer recorded it (*bf16: bf16 mixed precision; 0 when fp32 or not
- * recorded): tp-train --resume without model options takes the run's. */
-int checkpoint_run_model(const char *path, gpt_config *out, int *bf16, char *resolved, size_t resolved_size);
+/* The model a resume given no model shape trains (tp-train --resume, and
+ * tp-elastic run, which plans the layouts of the trainer it launches so),
+ * read by this process alone (before a communicator exists: each rank of a
+ * launch reads it): the configuration of the newest checkpoint of the run
+ * at path that opens, in checkpoint_load's order, with its resolved path;
+ * out->dtype is the precision it trains in: given's --dtype when given
+ * (given may be NULL), else the run's as the trainer recorded it (TP_BF16
+ * for bf16 mixed precision; TP_FP32 when fp32 or not recorded). Fails with
+ * TP_ERR_NOT_FOUND when path holds no checkpoint, TP_ERR_IO when its store
+ * could not be read, and with the last checkpoint's error when none opens. */
+int checkpoint_run_model(const char *path, const gpt_options *given, gpt_config *out, char *resolved,
+                         size_t resolved_size);
 
 #endif

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../../ckpt/ckpt.h"
+#include "../../trainer/checkpoint.h"
 #include "../../trainer/comm.h"
 #include "../../trainer/train.h"
 #include "../support/encoded_backend.h"
@@ -378,6 +379,46 @@ Test(train, a_stop_request_checkpoints_and_a_resume_finishes, .timeout = 120)
         cr_assert_eq(runs[r].rec.saves, 1, "the final checkpoint (step 8) is reported");
         cr_assert_eq(runs[r].rec.saved[0], 8);
     }
+}
+
+/* The model a resume given no model shape trains (tp-train --resume,
+ * tp-elastic run): the checkpoint's shape, in the precision the run
+ * recorded (bf16 here, though the checkpoint's weights are fp32) unless
+ * --dtype says otherwise; a directory without checkpoints has none. */
+Test(train, a_run_without_model_options_takes_its_checkpoints_model_and_precision, .timeout = 120)
+{
+    char run_dir[700], empty[700];
+    snprintf(run_dir, sizeof run_dir, "%s/run", dir);
+    snprintf(empty, sizeof empty, "%s/empty", dir);
+    rank_run run;
+    rank_slot slot;
+    memset(&run, 0, sizeof run);
+    memset(&slot, 0, sizeof slot);
+    tiny_options(&run.options, 2);
+    run.options.ckpt_dir = run_dir;
+    run.options.bf16 = 1;
+    slot.arg = &run;
+    run_ranks(1, 1, 1, train_rank, &slot);
+    cr_assert_eq(slot.status, TP_OK, "%s", run.outcome.reason);
+
+    gpt_config model, tiny;
+    char resolved[800], want[800];
+    cr_assert_eq(gpt_preset("tiny", &tiny), TP_OK);
+    cr_assert_eq(checkpoint_run_model(run_dir, NULL, &model, resolved, sizeof resolved), TP_OK, "%s", tp_errmsg());
+    snprintf(want, sizeof want, "%s/step_00000002", run_dir);
+    cr_assert_str_eq(resolved, want);
+    cr_assert_eq(model.dtype, TP_BF16, "the run's precision, not its weights' dtype (%s)", tp_dtype_name(model.dtype));
+    tiny.dtype = TP_BF16;
+    cr_assert_eq(gpt_config_check_same(resolved, &tiny, &model), TP_OK, "%s", tp_errmsg());
+
+    gpt_options given = {0};
+    cr_assert_eq(gpt_options_set(&given, "dtype", "fp32"), TP_OK);
+    cr_assert_eq(checkpoint_run_model(run_dir, &given, &model, resolved, sizeof resolved), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(model.dtype, TP_FP32, "--dtype fp32 given: %s", tp_dtype_name(model.dtype));
+
+    cr_assert_eq(mkdir(empty, 0755), 0);
+    cr_assert_eq(checkpoint_run_model(empty, NULL, &model, resolved, sizeof resolved), TP_ERR_NOT_FOUND);
+    cr_assert(strstr(tp_errmsg(), empty), "the error names the directory: %s", tp_errmsg());
 }
 
 Test(train, a_failure_is_an_outcome_every_rank_knows)
