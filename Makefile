@@ -112,7 +112,9 @@ MODEL_STACK := $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
 TRAINER_STACK := $(LIB_TRAINER) $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
 # The orchestrator runs the trainer as a program: of the trainer's library it
 # links only the pipeline schedule (pure functions: the planner's memory and
-# bubble), which the static library's lookup alone pulls in.
+# bubble) and tp-elastic run the reading of a run's model from its checkpoints
+# (checkpoint_run_model, the trainer's resume's), which the static library's
+# lookup alone pulls in.
 ELASTIC_STACK := $(LIB_ELASTIC) $(LIB_TRAINER) $(LIB_MODEL) $(LIB_FORMATS) $(RESHARD_STACK)
 # Command-line helpers the programs share (not a library: they print and exit).
 CLI_OBJ := $(call obj,programs/cli.c programs/progress.c)

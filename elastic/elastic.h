@@ -181,7 +181,9 @@ typedef struct {
     int allow_batch_change;
     int keep;                      /* > 0: keep only the newest `keep` checkpoints */
     int verify_threads;
-    gpt_config model;
+    gpt_config model;              /* what the planner sizes (its dtype: the precision it trains in) */
+    const char *model_from;        /* the checkpoint the model was taken from (the trainer's arguments gave
+                                      none); NULL: the trainer's arguments */
     int64_t global_batch, micro_batch, steps;
     char *const *train_argv;       /* tp-train and the user's arguments (no layout, no --resume) */
     /* Called with each event as a JSON object text (also appended to the events file). */

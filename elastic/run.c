@@ -1290,6 +1290,9 @@ int elastic_run(const elastic_run_options *o, elastic_summary *summary)
     cJSON_AddNumberToObject(e, "earlier_launches", s.launches);
     cJSON_AddNumberToObject(e, "steps", (double)o->steps);
     cJSON_AddNumberToObject(e, "global_batch", (double)o->global_batch);
+    /* Where the model came from, on the first line: a run resumed without
+     * model flags would otherwise not say which model it plans for. */
+    cJSON_AddStringToObject(e, "model_from", o->model_from ? o->model_from : "arguments");
     status = emit(&s, "orchestrator_start", e);
     if (!status) status = end_earlier_launch(&s);
     /* A run directory another live run holds (a tp-train started by hand:

@@ -11,6 +11,7 @@
 
 #include "../common/error.h"
 #include "../elastic/elastic.h"
+#include "../trainer/checkpoint.h"
 #include "cli.h"
 #include "elastic_commands.h"
 
@@ -22,9 +23,12 @@ static const char run_usage[] =
     "relaunches from the newest checkpoint that verifies, at the layout the planner picks for the ranks\n"
     "available, keeping the global batch; when capacity grows it asks the trainer to checkpoint and relaunches\n"
     "larger. ARGS give the model, --global-batch B (sequences per step), --steps and the rest (--micro-batch M:\n"
-    "the largest to use). tp-elastic sets --tp/--pp/--dp, --grad-accum, --sequence-parallel, --virtual-stages,\n"
-    "--zero, --ckpt-dir, --resume and --log itself and refuses them in ARGS, as any option tp-train lacks,\n"
-    "--stop-at (give --steps the step to end at) and a word that is no option's value.\n"
+    "the largest to use). Without model flags (--dtype aside) a run with checkpoints goes on with the model and\n"
+    "precision of its newest checkpoint that opens, as tp-train --resume does (the start line names it; a new run\n"
+    "needs the flags: exit 2); flags other than the resumed checkpoint's are refused (exit 2).\n"
+    "tp-elastic sets --tp/--pp/--dp, --grad-accum, --sequence-parallel, --virtual-stages, --zero, --ckpt-dir,\n"
+    "--resume and --log itself and refuses them in ARGS, as any option tp-train lacks, --stop-at (give --steps\n"
+    "the step to end at) and a word that is no option's value.\n"
     "\n"
     "capacity:  --world N | --world-file FILE (re-read when it changes) | --hostfile FILE (Open MPI's) |\n"
     "           inside a Slurm allocation, its nodes (asked of Slurm)\n"
@@ -114,12 +118,13 @@ static const struct option *train_option(const char *word)
     return NULL;
 }
 
-/* Reads what the orchestrator needs from the trainer's arguments: the model,
- * the global batch, the micro-batch limit and the steps. An option tp-train
+/* Reads what the orchestrator needs from the trainer's arguments: the model
+ * options (*model; finished into o->model when they give its shape), the
+ * global batch, the micro-batch limit and the steps. An option tp-train
  * does not have is refused here, before any launch. */
-static void read_train_args(char **args, elastic_run_options *o)
+static void read_train_args(char **args, elastic_run_options *o, gpt_options *model)
 {
-    gpt_options model = {0};
+    memset(model, 0, sizeof *model);
     int have_batch = 0, options_began = 0;
     for (int i = 1; args[i]; i++) {
         const char *a = args[i];
@@ -146,7 +151,7 @@ static void read_train_args(char **args, elastic_run_options *o)
         if (flag && equals) cli_usage_error(PROGRAM, "trainer option --%s takes no value", known->name);
         if (!flag && !value) cli_usage_error(PROGRAM, "trainer option %s needs a value", a);
         const char *name = known->name;
-        if (known->val == CLI_MODEL_OPTION && gpt_options_set(&model, name, flag ? "" : value))
+        if (known->val == CLI_MODEL_OPTION && gpt_options_set(model, name, flag ? "" : value))
             cli_usage_error(PROGRAM, "%s", tp_errmsg());
         if (strcmp(name, "global-batch") == 0) {
             o->global_batch = cli_int(PROGRAM, "--global-batch", value, 1, (int64_t)1 << 30);
@@ -157,7 +162,40 @@ static void read_train_args(char **args, elastic_run_options *o)
         if (!flag && !equals) i++;
     }
     if (!have_batch) cli_usage_error(PROGRAM, "the trainer's arguments need --global-batch B (sequences per step)");
-    if (gpt_options_finish(&model, &o->model)) cli_usage_error(PROGRAM, "the trainer's model: %s", tp_errmsg());
+    /* Without a shape, the model is the run's (run_model), once the run
+     * directory is known to be one. */
+    if (gpt_options_shape_given(model) && gpt_options_finish(model, &o->model))
+        cli_usage_error(PROGRAM, "the trainer's model: %s", tp_errmsg());
+}
+
+/* The model of a run resumed without model flags: its newest checkpoint's
+ * that opens, and the precision it trained in unless --dtype says, as
+ * tp-train --resume takes it (checkpoint_run_model, the one reader of
+ * both). The launches then get no model flags either, and each trainer
+ * takes the model itself the same way: the one choice that cannot diverge
+ * from what was planned here. Flags written back from the configuration
+ * could (a preset's or a Llama's fields no flag spells exactly, as
+ * --norm-eps printed short), and the trainer would refuse every launch as a
+ * model change. The chosen checkpoint is still compared with this model
+ * before each launch (elastic_run), as with flags. Exit 2 when there is no
+ * model to take (a new run: no checkpoint yet; or none opens), 1 when the
+ * store could not be read. */
+static int run_model(elastic_run_options *o, const gpt_options *given, char *from, size_t from_size)
+{
+    int status = checkpoint_run_model(o->run_dir, given, &o->model, from, from_size);
+    if (status == TP_ERR_IO)
+        return cli_error(PROGRAM, "the trainer's arguments give no model, and the checkpoints of %s to take it from "
+                         "could not be read: %s", o->run_dir, tp_errmsg());
+    if (status == TP_ERR_NOT_FOUND)
+        cli_usage_error(PROGRAM, "the trainer's arguments give no model, and %s has no checkpoint to take it from "
+                        "(a new run): give the trainer --model, or all of --layers --dim --heads --vocab --seq",
+                        o->run_dir);
+    if (status)
+        cli_usage_error(PROGRAM, "the trainer's arguments give no model, and no checkpoint of %s opens to take it "
+                        "from (%s): give the trainer --model, or all of --layers --dim --heads --vocab --seq",
+                        o->run_dir, tp_errmsg());
+    o->model_from = from;
+    return 0;
 }
 
 int elastic_run_main(int argc, char **argv)
@@ -233,7 +271,8 @@ int elastic_run_main(int argc, char **argv)
     if (optind < 2 || strcmp(argv[optind - 1], "--") != 0 || optind >= argc)
         cli_usage_error(PROGRAM, "the trainer's command line goes after '--' (-- tp-train ARGS...)");
     char **train = argv + optind;
-    read_train_args(train, &o);
+    gpt_options model;
+    read_train_args(train, &o, &model);
     o.train_argv = train;
     const char *job = getenv("SLURM_JOB_ID");
     if (strcmp(launcher, "auto") == 0) launcher = job && !capacity_given ? "srun" : "mpirun";
@@ -277,6 +316,8 @@ int elastic_run_main(int argc, char **argv)
         cli_error(PROGRAM, "%s", refused);
         return 2; /* as tp-train's refusal */
     }
+    char model_from[4096];
+    if (!gpt_options_shape_given(&model) && run_model(&o, &model, model_from, sizeof model_from)) return 1;
     /* The state directory and the events file are written as the run goes:
      * inside a checkpoint, --keep removed them with it (events, the
      * trainer's log and state.json gone, then "state.json.tmp: cannot

@@ -2,7 +2,8 @@
 # End-to-end tests of `tp-elastic run` with mpirun (docs/ELASTIC.md): a hang,
 # a slow commit that is not one, capacity growing, capacity below --min-world, a trainer that always fails,
 # one that diverges, --keep beside a damaged checkpoint, every checkpoint damaged,
-# the orchestrator itself killed and restarted, a stop asked once or twice of a hung trainer, a damaged newest checkpoint
+# the orchestrator itself killed and restarted, a stop asked once or twice of a hung trainer, a run continued without
+# model flags (its checkpoint's model and precision), a damaged newest checkpoint
 # (a rank killed while capacity shrinks: test_elastic_recover.sh). In every
 # case the run reaches its last step, recomputes no more than the steps since
 # the last checkpoint, and logs the losses of an uninterrupted run (1e-4
@@ -557,6 +558,29 @@ expect_error "another model than the checkpoint's: refused before any launch, na
     "step_00000010 holds another model: .*dim 64 .*this run has .*dim 128 .*: resume with the model flags it was trained with" \
     "$ELASTIC" run --ckpt-dir "$R" --world 1 $FAST -- "$TRAIN" $TRAIN_ARGS --dim 128 --steps 30
 check "another model: nothing launched" [ "$(events "$R" launch)" -eq 0 ]
+# No model flags, as tp-train --resume takes them: the model and precision
+# of the run's newest checkpoint (a bf16 run here), named on the start line;
+# the trainer is launched without model flags and takes them itself, in
+# bf16 (the dtype is not among the settings it says changed). Before, exit 2
+# ("the trainer's model: give --model or ..."), nothing launched. A new run
+# without them is refused (exit 2), naming what is missing, writing nothing.
+R="$WORK/nomodel"
+NO_MODEL_ARGS=$(echo "$TRAIN_ARGS" | sed 's/--model tiny //')
+expect_ok "no model flags: a bf16 run of 10 steps" "$TRAIN" $TRAIN_ARGS --dtype bf16 --steps 10 --ckpt-dir "$R"
+expect_ok "no model flags: the run continues" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
+    -- "$TRAIN" $NO_MODEL_ARGS --steps 15
+check "no model flags: the start line names the checkpoint the model came from" \
+    grep -q "\"model_from\":\"$R/step_00000010\",\"event\":\"orchestrator_start\"" "$WORK/.out"
+check_all "no model flags: step 15 reached, the trainer launched without model flags" \
+    '[ -d "$R/step_00000015" ] && [ "$(events "$R" launch)" -eq 1 ] &&
+     ! grep "\"launch\"" "$R/elastic/events.jsonl" | grep -q -- "--model\|--dtype\|--dim"'
+check "no model flags: the trainer resumed in the run's bf16" sh -c \
+    'grep -qs "other settings.*--steps 15 (was 10)" "$1" && ! grep -q -- "--dtype" "$1"' - "$R/elastic/launch-1.out"
+expect_error "no model flags, no checkpoint: refused naming what is missing" 2 \
+    "the trainer's arguments give no model, and $WORK/nomodel-new has no checkpoint to take it from \(a new run\): \
+give the trainer --model, or all of --layers --dim --heads --vocab --seq" \
+    "$ELASTIC" run --ckpt-dir "$WORK/nomodel-new" --world 2 $FAST -- "$TRAIN" $NO_MODEL_ARGS
+check "no model flags, no checkpoint: nothing written" [ ! -e "$WORK/nomodel-new" ]
 check "usage errors: nothing written" [ ! -e "$WORK/u" ]
 expect_error "no trainer" 2 "after '--'" "$ELASTIC" run --ckpt-dir "$WORK/u" --world 2
 finish
