@@ -155,8 +155,20 @@ int tp_json_parse(const char *text, size_t length, const char *what, struct cJSO
         end++;
     if (!value || !end || end != text + length) {
         cJSON_Delete(value);
-        return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object%s (damaged or truncated?)", what,
-                       value ? ": text follows it" : "");
+        /* Where the parse stopped (cJSON sets end there on failure too), as
+         * an editor shows it: a trailing comma or a NaN (which Python's json
+         * reads) in a 40-line config.json is found at a glance. */
+        size_t at = end && end >= text && end <= text + length ? (size_t)(end - text) : length;
+        size_t line = 1, column = 1;
+        for (size_t i = 0; i < at; i++) {
+            if (text[i] == '\n') line++, column = 1;
+            else column++;
+        }
+        char near[4 * 16 + 1];
+        tp_text_escape(text + at, length - at < 16 ? length - at : 16, near, sizeof near);
+        return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object: %s at line %zu, column %zu (byte %zu%s%s%s) (damaged or "
+                       "truncated?)", what, value ? "text follows it" : "invalid JSON", line, column, at,
+                       at < length ? ", at \"" : ": the end", near, at < length ? "\"" : "");
     }
     char key[512] = "";
     int twice = duplicate_key(value, key, sizeof key, 0);
@@ -169,6 +181,41 @@ int tp_json_parse(const char *text, size_t length, const char *what, struct cJSO
     }
     *out = value;
     return TP_OK;
+}
+
+int64_t tp_utf8_invalid_at(const char *text, size_t length)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = 0; i < length;) {
+        unsigned c = s[i];
+        size_t n = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (!n || i + n > length) return (int64_t)i;
+        /* The second byte's range excludes overlong forms (E0 80..9F, F0
+         * 80..8F), surrogates (ED A0..BF) and code points past U+10FFFF (F4
+         * 90..BF), as the Unicode standard's table 3-7 and Rust's from_utf8. */
+        unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+        if (n > 1 && (s[i + 1] < lo || s[i + 1] > hi)) return (int64_t)i;
+        for (size_t k = 2; k < n; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return (int64_t)i;
+        i += n;
+    }
+    return -1;
+}
+
+void tp_text_escape(const char *text, size_t length, char *out, size_t size)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < length && size > 0; i++) {
+        unsigned char c = (unsigned char)text[i];
+        char piece[5];
+        if (c >= 0x20 && c < 0x7F && c != '\\') snprintf(piece, sizeof piece, "%c", c);
+        else snprintf(piece, sizeof piece, "\\x%02x", c);
+        size_t n = strlen(piece);
+        if (at + n >= size) break; /* whole escapes only */
+        memcpy(out + at, piece, n);
+        at += n;
+    }
+    if (size > 0) out[at] = '\0';
 }
 
 const char *tp_json_number(char out[TP_JSON_NUMBER_MAX], const char *format, double value)

@@ -8,6 +8,7 @@
 #define TP_JSON_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define TP_JSON_MEMORY_PER_BYTE 16
 
@@ -18,6 +19,20 @@ struct cJSON;
  * JSON value, text after it, a key twice in one object: named by its path,
  * since cJSON reads the first value and Python's json the last). */
 int tp_json_parse(const char *text, size_t length, const char *what, struct cJSON **out);
+
+/* The offset of the first byte of text that does not begin a valid UTF-8
+ * sequence (overlong forms, surrogates and code points past U+10FFFF are
+ * invalid, as in Rust's from_utf8, so the safetensors reference reader), or
+ * -1 when all length bytes are valid. cJSON does not check: it reads any
+ * bytes into names. */
+int64_t tp_utf8_invalid_at(const char *text, size_t length);
+
+/* length bytes of text, printable for a one-line message: bytes outside
+ * printable ASCII, and backslashes, as \xNN, so that a name from a file
+ * never sends raw bytes (a terminal's escape sequences, invalid UTF-8) to a
+ * terminal. At most size - 1 characters are written, whole escapes only,
+ * and a NUL; size 4 * length + 1 holds any text. */
+void tp_text_escape(const char *text, size_t length, char *out, size_t size);
 
 /* Bytes tp_json_number may write, its NUL included. */
 #define TP_JSON_NUMBER_MAX 64

@@ -94,3 +94,61 @@ Test(json_parse, a_duplicate_among_many_keys_is_found)
     cJSON_Delete(o);
     free(text);
 }
+
+/* Where the parse stopped, as an editor counts: config.json with a trailing
+ * comma, or a NaN (which Python's json writes and reads), said "not a JSON
+ * object (damaged or truncated?)" with no place to look. */
+Test(json_parse, invalid_json_is_said_with_its_line_and_column)
+{
+    static const struct {
+        const char *text, *where;
+    } bad[] = {
+        {"{\n  \"a\": 1,\n  \"b\": 2,\n}", "invalid JSON at line 4, column 1 (byte 22, at \"}\")"},
+        {"{\"a\": 1, \"r\": NaN, \"b\": 2}", "invalid JSON at line 1, column 15 (byte 14, at \"NaN, \"b\": 2}\")"},
+        {"{\"a\": [1, 2", "at line 1, column 11 (byte 10"},
+        {"{\"a\": 1}\n{\"b\": 2}", "text follows it at line 2, column 1 (byte 9, at \"{\"b\": 2}\")"},
+        {"{\"a\": \"\x1b[31m\" x}", "at \"x}\")"}, /* past the string: nothing raw shown */
+        {"{\"a\": 1 \x7f[31m}", "at \"\\x7f[31m}\")"}, /* cJSON skips bytes up to 32 as white space */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *o = NULL;
+        cr_assert_eq(tp_json_parse(bad[i].text, strlen(bad[i].text), "config.json", &o), TP_ERR_FORMAT, "%s",
+                     bad[i].text);
+        cr_assert_null(o);
+        cr_assert(strstr(tp_errmsg(), "config.json: not a JSON object: ") && strstr(tp_errmsg(), bad[i].where),
+                  "%s: %s, expected %s", bad[i].text, tp_errmsg(), bad[i].where);
+    }
+}
+
+/* UTF-8 as Rust's from_utf8 (so the safetensors reference reader) takes it:
+ * the offset of the first byte that starts no valid sequence. */
+Test(utf8, the_first_invalid_byte_is_found)
+{
+    static const struct {
+        const char *text;
+        int64_t at;
+    } cases[] = {
+        {"model.layers.0", -1},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", -1}, /* 2, 3 and 4 bytes */
+        {"model.\xff", 6},
+        {"a\xc3", 1},                 /* cut short */
+        {"a\xc3(", 1},                /* no continuation */
+        {"\xc0\xaf", 0},              /* overlong '/' */
+        {"\xe0\x80\xaf", 0},          /* overlong, 3 bytes */
+        {"x\xed\xa0\x80", 1},         /* a surrogate, U+D800 */
+        {"\xf4\x90\x80\x80", 0},      /* past U+10FFFF */
+        {"ok\xf4\x8f\xbf\xbf!", -1},  /* U+10FFFF itself */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        cr_assert_eq(tp_utf8_invalid_at(cases[i].text, strlen(cases[i].text)), cases[i].at, "case %zu", i);
+}
+
+/* A name from a file reaches a terminal as printable ASCII only. */
+Test(text_escape, bytes_outside_printable_ascii_are_escaped_whole)
+{
+    char out[64];
+    tp_text_escape("model.\xff\x1b[2J\\", 12, out, sizeof out);
+    cr_assert_str_eq(out, "model.\\xff\\x1b[2J\\x5c");
+    tp_text_escape("ab\xff", 3, out, 5); /* room for "ab" and not the whole escape */
+    cr_assert_str_eq(out, "ab");
+}
