@@ -147,11 +147,22 @@ typedef struct safetensors_set safetensors_set;
 #define SAFETENSORS_MAX_HEADER ((uint64_t)32 << 20)
 
 /* path: a .safetensors file, or a directory holding model.safetensors or
- * model.safetensors.index.json and the shards it names. A directory
- * holding both is refused: transformers loads model.safetensors and
- * ignores the index, so one of them is stale and this reader would take
- * the other model. */
+ * model.safetensors.index.json and the shards it names, as
+ * safetensors_model_dir decides (a directory holding both is refused:
+ * transformers loads model.safetensors and ignores the index, so one of
+ * them is stale and this reader would take the other model). */
 int safetensors_open(safetensors_set **out, const char *path);
+
+/* Whether path is a Hugging Face model directory as import reads it (its
+ * config.json aside): a local directory holding model.safetensors
+ * (*sharded 0, when sharded is not NULL) or model.safetensors.index.json
+ * (1). The one place that tells what else it is, so that the refusal says
+ * that and what to give instead: both files (transformers loads only
+ * model.safetensors, so one is stale); this toolkit's checkpoint or run
+ * directory; PyTorch pickles (pytorch_model.bin), which are not read;
+ * safetensors shards without their index; GGUF; a file (GGUF, a PyTorch
+ * file, a file of a model directory, named); a remote location. */
+int safetensors_model_dir(const char *path, int *sharded);
 void safetensors_close(safetensors_set *set);
 
 typedef struct {
@@ -170,7 +181,9 @@ const safetensors_info *safetensors_tensor(const safetensors_set *set, int i);
 const safetensors_info *safetensors_find(const safetensors_set *set, const char *name);
 /* Value of __metadata__ key, or NULL. */
 const char *safetensors_metadata(const safetensors_set *set, const char *key);
-/* Whether two tensors hold the same bytes (same dtype and shape assumed). */
+/* Whether two tensors are equal: of one shape, and of one dtype with the
+ * same bytes, or of two of F32, BF16 and F16 with the same values (NaN
+ * equal to NaN). */
 int safetensors_equal(safetensors_set *set, const char *a, const char *b, int *equal);
 
 typedef struct {

@@ -8,6 +8,7 @@
  * then the tensor's pages are dropped from memory. So memory stays at a slab
  * per thread plus the pages of the tensors in flight. */
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -22,6 +23,7 @@
 #include "../common/json.h"
 #include "../common/memory.h"
 #include "../common/parallel.h"
+#include "../store/store.h"
 #include "formats.h"
 #include "../kernels/kernels.h"
 
@@ -44,9 +46,10 @@ struct safetensors_set {
     int num_files;
     st_tensor *tensors;
     int count, capacity;
-    cJSON *metadata; /* __metadata__ of the first file, or NULL */
-    char *names;     /* every tensor name, one block */
-    int *by_name;    /* tensor indices in name order, for lookups */
+    char where[4200]; /* where a missing tensor is said missing: the index, or the one file */
+    cJSON *metadata;  /* __metadata__ of the first file, or NULL */
+    char *names;      /* every tensor name, one block */
+    int *by_name;     /* tensor indices in name order, for lookups */
 };
 
 void import_options_init(import_options *o)
@@ -142,6 +145,45 @@ static int parse_entry(safetensors_set *set, int file, const cJSON *item, st_ten
     return TP_OK;
 }
 
+/* Where the first invalid UTF-8 of a header lies, for its message: the
+ * JSON string holding it (a tensor name, a key deeper down, or a value),
+ * from its opening quote. Valid JSON puts every byte past ASCII inside a
+ * string; outside one, the byte itself is shown. */
+static int refuse_invalid_utf8(const char *path, const char *text, size_t length, size_t bad)
+{
+    size_t start = bad, depth = 0;
+    int in_string = 0;
+    for (size_t i = 0; i < bad; i++) {
+        if (in_string) {
+            if (text[i] == '\\') i++;
+            else if (text[i] == '"') in_string = 0;
+        } else if (text[i] == '"') {
+            in_string = 1;
+            start = i;
+        } else if (text[i] == '{' || text[i] == '[') {
+            depth++;
+        } else if ((text[i] == '}' || text[i] == ']') && depth > 0) {
+            depth--;
+        }
+    }
+    if (!in_string) start = bad;
+    size_t end = start + 1; /* past the closing quote, or the end of the text */
+    while (in_string && end < length && text[end] != '"') end += text[end] == '\\' ? 2 : 1;
+    if (end > length) end = length;
+    size_t after = end + 1;
+    while (after < length && (text[after] == ' ' || text[after] == '\n' || text[after] == '\r' || text[after] == '\t'))
+        after++;
+    int key = in_string && after < length && text[after] == ':';
+    const char *what = !in_string ? "a byte" : key && depth == 1 ? "the tensor name" : key ? "the key" : "the string";
+    size_t shown = in_string ? end - start - 1 : 1;
+    char escaped[4 * 96 + 1];
+    tp_text_escape(text + (in_string ? start + 1 : start), shown < 96 ? shown : 96, escaped, sizeof escaped);
+    return tp_fail(TP_ERR_FORMAT, "%s: %s \"%s%s\" at byte %lld of the file is not valid UTF-8 (byte %lld, 0x%02x): a "
+                   "header is UTF-8 JSON, and the reference reader refuses this one", path, what, escaped,
+                   shown > 96 ? "..." : "", (long long)(8 + (in_string ? start + 1 : start)), (long long)(8 + bad),
+                   (unsigned char)text[bad]);
+}
+
 /* Parses and checks one file; its tensors join the set. headers keeps the
  * parsed JSON alive (the names point into it). */
 static int parse_file(safetensors_set *set, int file, cJSON **header_out)
@@ -184,7 +226,9 @@ static int parse_file(safetensors_set *set, int file, cJSON **header_out)
         text[length] = '\0';
         /* After the object only padding (spaces, as the reference writer pads) may
          * follow; a name holding a NUL (\u0000), read as its prefix, is refused. */
-        status = tp_json_parse(text, length, f->path, &header);
+        int64_t bad = tp_utf8_invalid_at(text, length);
+        if (bad >= 0) status = refuse_invalid_utf8(f->path, text, length, (size_t)bad);
+        else status = tp_json_parse(text, length, f->path, &header);
         if (!status && !cJSON_IsObject(header))
             status = tp_fail(TP_ERR_FORMAT, "%s: the header is not a JSON object", f->path);
     }
@@ -358,6 +402,111 @@ static int add_shard_names(const char *dir, const char *index_path, const cJSON 
     return status;
 }
 
+static int ends_with(const char *name, const char *suffix)
+{
+    size_t n = strlen(name), k = strlen(suffix);
+    return n >= k && strcmp(name + n - k, suffix) == 0;
+}
+
+/* How a directory that holds neither model.safetensors nor the index
+ * differs from a model directory, said as what it holds: this toolkit's
+ * checkpoint or run, PyTorch pickles (transformers' older default), shards
+ * whose index is gone, GGUF files. */
+static int refuse_model_dir(const char *dir)
+{
+    ckpt_dir_kind kind;
+    ckpt_candidate newest;
+    if (ckpt_run_dir_kind(dir, &kind, &newest) == TP_OK && kind != CKPT_DIR_FREE)
+        return tp_fail(TP_ERR_FORMAT, "%s is %s, not a Hugging Face model directory: it needs no import (tp-reshard %s "
+                       "--to tpTppP -o OUT changes its layout; tp-ckpt export writes safetensors)", dir,
+                       kind == CKPT_DIR_RUN ? "a run directory of this toolkit's checkpoints" : "already this toolkit's checkpoint",
+                       kind == CKPT_DIR_RUN ? newest.path : dir);
+    /* A directory ckpt_run_dir_kind cannot list is said below, by opendir. */
+    DIR *d = opendir(dir);
+    if (!d) return tp_fail(errno == ENOENT ? TP_ERR_NOT_FOUND : TP_ERR_IO, "%s: cannot list: %s", dir, strerror(errno));
+    char pickle[256] = "", shards[600] = "", gguf[256] = "";
+    int num_shards = 0;
+    struct dirent *entry;
+    while ((entry = readdir(d)) != NULL) {
+        const char *name = entry->d_name;
+        if (!pickle[0] && !strncmp(name, "pytorch_model", 13) && (ends_with(name, ".bin") || ends_with(name, ".bin.index.json")))
+            snprintf(pickle, sizeof pickle, "%s", name);
+        if (!gguf[0] && ends_with(name, ".gguf")) snprintf(gguf, sizeof gguf, "%s", name);
+        if (ends_with(name, ".safetensors") && num_shards++ < 3)
+            snprintf(shards + strlen(shards), sizeof shards - strlen(shards), "%s%s", num_shards > 1 ? ", " : "", name);
+    }
+    closedir(d);
+    if (num_shards > 3)
+        snprintf(shards + strlen(shards), sizeof shards - strlen(shards), " and %d more", num_shards - 3);
+    if (num_shards)
+        return tp_fail(TP_ERR_NOT_FOUND, "%s holds safetensors files (%s) but no model.safetensors.index.json, the index "
+                       "that says which tensors each holds: restore it (save_pretrained writes it beside the shards); "
+                       "a single file must be named model.safetensors", dir, shards);
+    if (pickle[0])
+        return tp_fail(TP_ERR_FORMAT, "%s holds PyTorch pickles (%s), which import does not read (unpickling can run "
+                       "code); convert them to safetensors with transformers, "
+                       "AutoModelForCausalLM.from_pretrained(\"%s\").save_pretrained(OUT, safe_serialization=True), "
+                       "and import OUT", dir, pickle, dir);
+    if (gguf[0])
+        return tp_fail(TP_ERR_FORMAT, "%s holds a GGUF file (%s), which import does not read: import reads a Hugging Face "
+                       "model directory (config.json and safetensors weights)", dir, gguf);
+    return tp_fail(TP_ERR_NOT_FOUND, "%s holds neither model.safetensors nor model.safetensors.index.json (import reads a "
+                   "Hugging Face model directory: config.json and safetensors weights)", dir);
+}
+
+/* A path that is no directory, said as what it is. */
+static int refuse_model_file(const char *path)
+{
+    unsigned char magic[4] = {0};
+    int fd;
+    if (tp_open_regular(path, &fd) == TP_OK) {
+        if (pread(fd, magic, sizeof magic, 0) != (ssize_t)sizeof magic) memset(magic, 0, sizeof magic);
+        close(fd);
+    } /* else (a special file, unreadable) what the name says below */
+    char dir[4200], config[4300];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    if (slash == path) snprintf(dir, sizeof dir, "/");
+    snprintf(config, sizeof config, "%s/config.json", dir);
+    if (!memcmp(magic, "GGUF", 4))
+        return tp_fail(TP_ERR_FORMAT, "%s is a GGUF file (llama.cpp's), which import does not read: import reads a Hugging "
+                       "Face model directory (config.json and safetensors weights)", path);
+    if (ends_with(path, ".bin") || ends_with(path, ".pt") || ends_with(path, ".pth") || !memcmp(magic, "PK\3\4", 4))
+        return tp_fail(TP_ERR_FORMAT, "%s is a PyTorch file (torch.save's pickle), which import does not read "
+                       "(unpickling can run code): convert the model to safetensors with transformers' "
+                       "save_pretrained(OUT, safe_serialization=True), and import the directory OUT", path);
+    if (access(config, F_OK) == 0)
+        return tp_fail(TP_ERR_ARG, "%s is a file of the Hugging Face model directory %s: give the directory (tp-ckpt "
+                       "import %s ...)", path, dir, dir);
+    return tp_fail(TP_ERR_ARG, "%s is a file, not a directory: import reads a Hugging Face model directory "
+                   "(config.json and safetensors weights)", path);
+}
+
+int safetensors_model_dir(const char *path, int *sharded)
+{
+    if (store_is_remote(path))
+        return tp_fail(TP_ERR_ARG, "%s: import maps a model's files, so reads a local directory (tp-ckpt copy or the "
+                       "store's own tool brings it here)", path);
+    struct stat st;
+    if (stat(path, &st) != 0) return tp_fail(errno == ENOENT ? TP_ERR_NOT_FOUND : TP_ERR_IO, "%s: %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return refuse_model_file(path);
+    char index_path[4200], single[4200];
+    snprintf(index_path, sizeof index_path, "%s/model.safetensors.index.json", path);
+    snprintf(single, sizeof single, "%s/model.safetensors", path);
+    int has_index = stat(index_path, &st) == 0, has_single = stat(single, &st) == 0;
+    /* transformers' from_pretrained looks for model.safetensors first and
+     * then never reads the index: the two may be different models (a
+     * download copied over an older one of the other kind), and which one
+     * is current only the user knows. */
+    if (has_index && has_single)
+        return tp_fail(TP_ERR_FORMAT, "%s holds both model.safetensors and model.safetensors.index.json (with its "
+                       "shards): transformers loads model.safetensors and ignores the index, so one of them is "
+                       "stale; remove the one that is not the model", path);
+    if (!has_index && !has_single) return refuse_model_dir(path);
+    if (sharded) *sharded = has_index;
+    return TP_OK;
+}
+
 int safetensors_open(safetensors_set **out, const char *path)
 {
     *out = NULL;
@@ -369,23 +518,15 @@ int safetensors_open(safetensors_set **out, const char *path)
         return tp_fail(TP_ERR_NOT_FOUND, "%s: %s", path, strerror(errno));
     }
     cJSON *index = NULL, *shard_names = cJSON_CreateArray();
-    int status = TP_OK;
+    int status = TP_OK, sharded = 0;
     char index_path[4200], single[4200];
     snprintf(index_path, sizeof index_path, "%s/model.safetensors.index.json", path);
     snprintf(single, sizeof single, "%s/model.safetensors", path);
-    int directory = S_ISDIR(st.st_mode), has_index = directory && stat(index_path, &st) == 0;
-    int has_single = directory && stat(single, &st) == 0;
-    if (!directory) {
+    if (!S_ISDIR(st.st_mode)) {
         cJSON_AddItemToArray(shard_names, cJSON_CreateString(path));
-    } else if (has_index && has_single) {
-        /* transformers' from_pretrained looks for model.safetensors first
-         * and then never reads the index: the two may be different models
-         * (a download copied over an older one of the other kind), and which one is
-         * current only the user knows. */
-        status = tp_fail(TP_ERR_FORMAT, "%s holds both model.safetensors and model.safetensors.index.json (with its "
-                         "shards): transformers loads model.safetensors and ignores the index, so one of them is "
-                         "stale; remove the one that is not the model", path);
-    } else if (has_index) {
+    } else if ((status = safetensors_model_dir(path, &sharded)) != TP_OK) {
+        /* said why */
+    } else if (sharded) {
         /* Sharded: every file the weight map names, once, in order of appearance. */
         status = read_index(index_path, &index);
         const cJSON *map = cJSON_GetObjectItemCaseSensitive(index, "weight_map");
@@ -393,11 +534,12 @@ int safetensors_open(safetensors_set **out, const char *path)
             status = tp_fail(TP_ERR_FORMAT, "%s: no \"weight_map\" object (not a safetensors index?)", index_path);
         if (!status) status = add_shard_names(path, index_path, map, shard_names);
     } else {
-        if (!has_single)
-            status = tp_fail(TP_ERR_NOT_FOUND, "%s holds neither model.safetensors nor model.safetensors.index.json",
-                                  path);
         cJSON_AddItemToArray(shard_names, cJSON_CreateString(single));
     }
+    /* A missing tensor is missing from the index (a sharded directory), not
+     * from whichever shard comes first. */
+    const cJSON *first = cJSON_GetArrayItem(shard_names, 0);
+    snprintf(set->where, sizeof set->where, "%s", index ? index_path : first ? first->valuestring : path);
     int files = cJSON_GetArraySize(shard_names);
     cJSON **headers = calloc((size_t)files + 1, sizeof(cJSON *)); /* kept until the names are copied */
     set->files = calloc((size_t)files + 1, sizeof *set->files);
@@ -482,12 +624,46 @@ static const unsigned char *tensor_data(const safetensors_set *set, const st_ten
     return (const unsigned char *)set->files[t->file].map + set->files[t->file].data_start + t->begin;
 }
 
+/* Whether n values of x and y, of different dtypes, are equal as numbers
+ * (both widened to fp32, exact for F16 and BF16; NaN equal to NaN, as the
+ * bytes of one dtype would be), in blocks on the stack: the data of a
+ * header not padded to its element size may be misaligned. */
+static int equal_values(const unsigned char *x, tp_dtype xt, const unsigned char *y, tp_dtype yt, int64_t n)
+{
+    enum { BLOCK = 1024 };
+    float wide_x[BLOCK], wide_y[BLOCK], raw_x[BLOCK], raw_y[BLOCK]; /* raw: room for BLOCK fp32 */
+    size_t xs = tp_dtype_size(xt), ys = tp_dtype_size(yt);
+    for (int64_t at = 0; at < n; at += BLOCK) {
+        int64_t m = n - at < BLOCK ? n - at : BLOCK;
+        memcpy(raw_x, x + (size_t)at * xs, (size_t)m * xs);
+        memcpy(raw_y, y + (size_t)at * ys, (size_t)m * ys);
+        convert_to_f32(raw_x, xt, wide_x, m);
+        convert_to_f32(raw_y, yt, wide_y, m);
+        for (int64_t k = 0; k < m; k++)
+            if (wide_x[k] != wide_y[k] && !(isnan(wide_x[k]) && isnan(wide_y[k]))) return 0;
+    }
+    return 1;
+}
+
 int safetensors_equal(safetensors_set *set, const char *a, const char *b, int *equal)
 {
     const st_tensor *x = find_tensor(set, a), *y = find_tensor(set, b);
     if (!x || !y) return tp_fail(TP_ERR_NOT_FOUND, "no tensor %s", x ? b : a);
-    *equal = x->end - x->begin == y->end - y->begin &&
-             memcmp(tensor_data(set, x), tensor_data(set, y), (size_t)(x->end - x->begin)) == 0;
+    int same_shape = x->info.ndim == y->info.ndim;
+    for (int k = 0; same_shape && k < x->info.ndim; k++) same_shape = x->info.shape[k] == y->info.shape[k];
+    if (!same_shape) {
+        *equal = 0;
+    } else if (!strcmp(x->info.dtype_name, y->info.dtype_name)) {
+        *equal = memcmp(tensor_data(set, x), tensor_data(set, y), (size_t)(x->end - x->begin)) == 0;
+    } else if (x->info.supported && y->info.supported) {
+        /* A tied head saved in another dtype than the embedding (an F16
+         * lm_head beside F32 weights) holds the same model when its values
+         * are the embedding's: its bytes cannot be. */
+        int64_t n = (x->end - x->begin) / (int64_t)tp_dtype_size(x->info.dtype);
+        *equal = equal_values(tensor_data(set, x), x->info.dtype, tensor_data(set, y), y->info.dtype, n);
+    } else {
+        *equal = 0;
+    }
     return TP_OK;
 }
 
@@ -621,6 +797,56 @@ static int larger_first(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : *(const int *)a - *(const int *)b;
 }
 
+static void shape_text(const int64_t *shape, int ndim, char *out, size_t size)
+{
+    int n = snprintf(out, size, "[");
+    for (int k = 0; k < ndim && n > 0 && (size_t)n < size; k++)
+        n += snprintf(out + n, size - (size_t)n, "%s%lld", k ? ", " : "", (long long)shape[k]);
+    if (n > 0 && (size_t)n < size) snprintf(out + n, size - (size_t)n, "]");
+}
+
+/* The rows of tensor i's parts: where the target's segments give each
+ * part's rows (fused QKV: [q, k, v]; SwiGLU: [gate, up]), each must have
+ * its own, not only their sum (q and k of swapped widths would put K's rows
+ * among Q's); else the sum must be the target's. A failure names every part
+ * with its shape (and its file where it is not that of the part named
+ * first), and the first of the wrong width against its expected shape. */
+static int check_part_rows(const importer *im, int i, int64_t rows)
+{
+    const ckpt_tensor_desc *d = &im->tensors[i];
+    const export_tensor *e = &im->map[i];
+    const ckpt_partition *p = &d->partition;
+    int per_part = p->kind == CKPT_SPLIT && p->axis == 0 && p->num_segments == e->num_parts, wrong = -1;
+    for (int k = 0; per_part && k < e->num_parts && wrong < 0; k++)
+        if (im->sources[i][k]->info.shape[0] != p->segments[k]) wrong = k;
+    if (wrong < 0 && rows == d->shape[0]) return TP_OK;
+    const char *first_file = im->sources[i][wrong >= 0 ? wrong : 0]->info.file;
+    char parts[2048] = "", shape[160];
+    size_t n = 0;
+    for (int k = 0; k < e->num_parts && n < sizeof parts; k++) {
+        const safetensors_info *s = &im->sources[i][k]->info;
+        shape_text(s->shape, s->ndim, shape, sizeof shape);
+        const char *file = strrchr(s->file, '/') ? strrchr(s->file, '/') + 1 : s->file;
+        n += (size_t)snprintf(parts + n, sizeof parts - n, "%s%s %s%s%s", k ? ", " : "", s->name, shape,
+                              strcmp(s->file, first_file) ? " in " : "", strcmp(s->file, first_file) ? file : "");
+    }
+    if (wrong < 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: the %d parts of %s have %lld rows together, expected %lld: %s", first_file,
+                       e->num_parts, d->name, (long long)rows, (long long)d->shape[0], parts);
+    const safetensors_info *s = &im->sources[i][wrong]->info;
+    int64_t want[CKPT_MAX_DIMS];
+    memcpy(want, s->shape, sizeof want);
+    want[0] = p->segments[wrong];
+    char got[160], widths[160] = "";
+    shape_text(s->shape, s->ndim, got, sizeof got);
+    shape_text(want, s->ndim, shape, sizeof shape);
+    for (int k = 0; k < e->num_parts; k++)
+        snprintf(widths + strlen(widths), sizeof widths - strlen(widths), "%s%lld",
+                 !k ? "" : k == e->num_parts - 1 ? " and " : ", ", (long long)p->segments[k]);
+    return tp_fail(TP_ERR_FORMAT, "%s: tensor %s %s, expected %s (part %d of %d of %s, whose parts have %s rows: %s)",
+                   first_file, s->name, got, shape, wrong + 1, e->num_parts, d->name, widths, parts);
+}
+
 /* The parts of tensor i: present, of one supported dtype, each [rows_p,
  * the target's other dimensions], their rows adding up to the target's. */
 static int check_parts(importer *im, int i)
@@ -634,8 +860,8 @@ static int check_parts(importer *im, int i)
     for (int p = 0; p < e->num_parts; p++) {
         const st_tensor *s = find_tensor(im->set, e->parts[p]);
         if (!s)
-            return tp_fail(TP_ERR_NOT_FOUND, "%s: tensor %s (part %d of %s) is missing", im->set->files[0].path,
-                           e->parts[p], p, d->name);
+            return tp_fail(TP_ERR_NOT_FOUND, "%s: tensor %s (part %d of %s) is missing", im->set->where, e->parts[p],
+                           p, d->name);
         if (!s->info.supported)
             return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is %s; import reads F32, BF16 and F16", s->info.file,
                            s->info.name, s->info.dtype_name);
@@ -653,11 +879,7 @@ static int check_parts(importer *im, int i)
         rows += s->info.shape[0];
         im->sources[i][p] = s;
     }
-    if (rows != d->shape[0])
-        return tp_fail(TP_ERR_FORMAT, "%s: the %d parts of %s (%s, ...) have %lld rows together, expected %lld",
-                       im->set->files[0].path, e->num_parts, d->name, e->parts[0], (long long)rows,
-                       (long long)d->shape[0]);
-    return TP_OK;
+    return check_part_rows(im, i, rows);
 }
 
 /* Every source present, of a supported dtype, with the expected shape. */
@@ -671,7 +893,7 @@ static int check_sources(importer *im, int count)
         }
         const st_tensor *s = find_tensor(im->set, im->map[i].name);
         if (!s)
-            return tp_fail(TP_ERR_NOT_FOUND, "%s: tensor %s (for %s) is missing", im->set->files[0].path,
+            return tp_fail(TP_ERR_NOT_FOUND, "%s: tensor %s (for %s) is missing", im->set->where,
                                 im->map[i].name, d->name);
         if (!s->info.supported)
             return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is %s; import reads F32, BF16 and F16", s->info.file,
@@ -686,13 +908,11 @@ static int check_sources(importer *im, int count)
         int same = s->info.ndim == d->ndim;
         for (int k = 0; same && k < d->ndim; k++) same = s->info.shape[k] == expected[k];
         if (!same) {
-            char want[160] = "[", got[160] = "[";
-            for (int k = 0; k < d->ndim; k++)
-                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", k ? ", " : "", (long long)expected[k]);
-            for (int k = 0; k < s->info.ndim; k++)
-                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", k ? ", " : "", (long long)s->info.shape[k]);
-            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s has shape %s], expected %s] for %s", s->info.file,
-                                s->info.name, got, want, d->name);
+            char want[160], got[160];
+            shape_text(expected, d->ndim, want, sizeof want);
+            shape_text(s->info.shape, s->info.ndim, got, sizeof got);
+            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s has shape %s, expected %s for %s", s->info.file, s->info.name,
+                           got, want, d->name);
         }
         im->sources[i][0] = s;
     }

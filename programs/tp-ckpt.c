@@ -1368,8 +1368,17 @@ static int cmd_import(int argc, char **argv)
     int code = 0;
     const checkpoint_format *format = detect_or_fail(dir, &code);
     if (!format) return code;
-    if ((code = cli_output_apart("tp-ckpt", dir, out))) return code;
     int megatron = !strcmp(format->name, "megatron") || !strcmp(format->name, "torch_dist");
+    /* What the input is, said before anything is read from it (config.json
+     * of a GGUF file was "m.gguf/config.json: cannot open"): another tool's
+     * checkpoint, named with its conversion, or else what
+     * safetensors_model_dir finds in place of a model directory. */
+    cli_foreign foreign;
+    if (!megatron && strcmp(format->name, "tp") && cli_foreign_checkpoint(dir, out, &foreign) == TP_OK && foreign.what[0])
+        return fail("%s is %s, which import does not read: convert it with %s%s", dir, foreign.what, foreign.convert,
+                    foreign.doc);
+    if (!megatron && safetensors_model_dir(dir, NULL)) return fail("%s", tp_errmsg());
+    if ((code = cli_output_apart("tp-ckpt", dir, out))) return code;
     if (megatron && shape_given)
         die_usage("--dtype and --vocab-pad-multiple apply to a Hugging Face directory (a Megatron checkpoint keeps "
                   "its dtype and padding)");

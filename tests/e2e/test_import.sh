@@ -14,7 +14,19 @@
 #   - an output under a regular file said to be under a file;
 #   - an import into a run directory holding another run's checkpoints
 #     (`latest` stayed on them, and --resume continued that run), and an
-#     output named step_N recording another step (import, synth --step).
+#     output named step_N recording another step (import, synth --step);
+#   - in a sharded directory, a tensor missing said missing from the index,
+#     and a stacked part of the wrong width named with its shard and shape
+#     (both named the first shard, whatever held the tensor), and parts
+#     whose rows add up but are not each their own (they were imported);
+#   - inputs that are no safetensors model directory said to be what they
+#     are (PyTorch pickles, a GGUF file, a file of a model directory, this
+#     toolkit's checkpoint or run, a DCP checkpoint, shards without their
+#     index), not "DIR/config.json: cannot open";
+#   - config.json that is no JSON (a trailing comma, NaN) said with the
+#     line and column; a header name of invalid UTF-8 refused, escaped;
+#   - a tied lm_head.weight in another dtype with the embedding's values
+#     imported (it was "differs").
 # Inputs are synthesized and exported here: no training.
 # tier: check
 . "$(dirname "$0")/lib.sh"
@@ -131,5 +143,153 @@ expect_ok "--force replaces the import, the run's only checkpoint" \
 expect_error "synth named for a step it does not record" 2 "step_00000005 is named for step 5, but the checkpoint records step 3" \
     "$CK" synth -o "$WORK/fresh/step_00000005" --tp 1 --pp 1 $GPT --step 3
 check "nothing written for it" [ ! -e "$WORK/fresh/step_00000005" ]
+
+# --- Sharded directories: what is missing or wrong is named where it is.
+# st.py ACTION DIR ...: edits a safetensors directory (tensors rewritten
+# whole, so that the data stays covered), printing what the test matches.
+cat >"$WORK/st.py" <<'PYEOF'
+import json, os, struct, sys
+import numpy as np
+def load(path):
+    raw = open(path, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n]); data = raw[8 + n:]
+    meta = header.pop("__metadata__", None)
+    return meta, {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}
+def save(path, meta, tensors, rename=None):
+    header, blobs, at = ({"__metadata__": meta} if meta else {}), [], 0
+    for k, (dtype, shape, blob) in tensors.items():
+        header[k] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(blob)]}; blobs.append(blob); at += len(blob)
+    text = json.dumps(header).encode()
+    if rename: text = text.replace(rename[0], rename[1])
+    text += b" " * (-len(text) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    return text
+action, d = sys.argv[1], sys.argv[2]
+index_path = d + "/model.safetensors.index.json"
+index = json.load(open(index_path)) if os.path.exists(index_path) else None
+def file_of(name): return index["weight_map"][name] if index else "model.safetensors"
+if action == "shard-of":  # the shard holding a tensor
+    print(file_of(sys.argv[3]))
+elif action == "drop":  # a tensor gone from its shard and the index
+    name = sys.argv[3]; f = d + "/" + file_of(name); meta, t = load(f); del t[name]; save(f, meta, t)
+    del index["weight_map"][name]; json.dump(index, open(index_path, "w"))
+elif action == "swap-widths":  # q and k of layer 0 keep their rows together, cut elsewhere
+    q, k = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"
+    assert file_of(q) == file_of(k)
+    f = d + "/" + file_of(q); meta, t = load(f)
+    rows = t[q][2] + t[k][2]; cols = t[q][1][1]; half = len(rows) // 2
+    t[q] = (t[q][0], [half // (4 * cols), cols], rows[:half]); t[k] = (t[k][0], [half // (4 * cols), cols], rows[half:])
+    save(f, meta, t)
+elif action == "lm-head-f16":  # a tied GPT-2 head in F16, the embedding exact in F16 (or not: "differ")
+    f = d + "/model.safetensors"; meta, t = load(f)
+    wte = "transformer.wte.weight"; w = np.frombuffer(t[wte][2], np.float32).astype(np.float16)
+    t[wte] = (t[wte][0], t[wte][1], w.astype(np.float32).tobytes())
+    head = w.copy()
+    if len(sys.argv) > 3: head[5] = np.float16(head[5] + 1)
+    t["lm_head.weight"] = ("F16", t[wte][1], head.tobytes()); save(f, meta, t)
+elif action == "bad-utf8":  # a tensor named "model.\xff": prints the file offset of the name
+    f = d + "/model.safetensors"; meta, t = load(f)
+    t["model.X"] = ("F32", [1], b"\0" * 4)
+    text = save(f, meta, t, (b'"model.X"', b'"model.\xff"'))
+    print(8 + text.index(b"model.\xff"))
+PYEOF
+expect_ok "synth a Llama of 4 heads and 2 KV heads" "$CK" synth -o "$WORK/llama4" --tp 1 --pp 1 $LLAMA --ffn 256
+expect_ok "export it in 4 shards" "$CK" export "$WORK/llama4" --format safetensors --max-shard-size 200K -o "$WORK/sh"
+check "the first layer is not in the last shard, the norm is" "$PY" -c '
+import json, sys
+m = json.load(open(sys.argv[1]))["weight_map"]
+files = sorted(set(m.values()))
+sys.exit(not (len(files) > 2 and m["model.layers.0.self_attn.k_proj.weight"] != files[-1] and m["model.norm.weight"] != files[0]))' \
+    "$WORK/sh/model.safetensors.index.json"
+
+cp -r "$WORK/sh" "$WORK/sh-kv4"
+"$PY" - "$WORK/sh-kv4/config.json" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1])); c["num_key_value_heads"] = 4; json.dump(c, open(sys.argv[1], "w"))
+PYEOF
+K_SHARD=$("$PY" "$WORK/st.py" shard-of "$WORK/sh" model.layers.0.self_attn.k_proj.weight)
+expect_error "a K projection of the wrong width: named with its shard and shapes" 1 \
+    "sh-kv4/$K_SHARD: tensor model.layers.0.self_attn.k_proj.weight \[32, 64\], expected \[64, 64\] \(part 2 of 3 of model/layers.0.attn.qkv.weight, whose parts have 64, 64 and 64 rows: model.layers.0.self_attn.q_proj.weight \[64, 64\], model.layers.0.self_attn.k_proj.weight \[32, 64\], model.layers.0.self_attn.v_proj.weight \[32, 64\]\)" \
+    "$CK" import "$WORK/sh-kv4" -o "$WORK/bad-kv4" --tp 1 --pp 1
+
+cp -r "$WORK/sh" "$WORK/sh-swap"
+"$PY" "$WORK/st.py" swap-widths "$WORK/sh-swap"
+expect_error "Q and K cut elsewhere, their rows adding up: refused, naming Q" 1 \
+    "sh-swap/$K_SHARD: tensor model.layers.0.self_attn.q_proj.weight \[48, 64\], expected \[64, 64\] \(part 1 of 3 of .*, whose parts have 64, 32 and 32 rows: .*k_proj.weight \[48, 64\]" \
+    "$CK" import "$WORK/sh-swap" -o "$WORK/bad-swap" --tp 1 --pp 1
+check "nothing written for it" [ ! -e "$WORK/bad-swap" ]
+
+cp -r "$WORK/sh" "$WORK/sh-nonorm"
+"$PY" "$WORK/st.py" drop "$WORK/sh-nonorm" model.norm.weight
+expect_error "a tensor missing from a sharded directory: the index named, not the first shard" 1 \
+    "sh-nonorm/model.safetensors.index.json: tensor model.norm.weight \(for model/final_norm.*\) is missing" \
+    "$CK" import "$WORK/sh-nonorm" -o "$WORK/bad-nonorm" --tp 1 --pp 1
+
+# --- Inputs that are not a safetensors model directory, said as what they are.
+mkdir "$WORK/bin"
+cp "$WORK/hf-llama/config.json" "$WORK/bin/"
+"$PY" -c 'import sys, torch; torch.save({"w": torch.zeros(2)}, sys.argv[1])' "$WORK/bin/pytorch_model.bin"
+expect_error "a directory of PyTorch pickles" 1 \
+    "bin holds PyTorch pickles \(pytorch_model.bin\), which import does not read .*save_pretrained\(OUT, safe_serialization=True\)" \
+    "$CK" import "$WORK/bin" -o "$WORK/bad-bin" --tp 1 --pp 1
+expect_ok "a GGUF export" "$CK" export "$WORK/llama" --format gguf -o "$WORK/m.gguf"
+expect_error "a GGUF file" 1 "m.gguf is a GGUF file \(llama.cpp's\), which import does not read" \
+    "$CK" import "$WORK/m.gguf" -o "$WORK/bad-gguf" --tp 1 --pp 1
+expect_error "model.safetensors given for its directory" 1 \
+    "hf-llama/model.safetensors is a file of the Hugging Face model directory .*hf-llama: give the directory" \
+    "$CK" import "$WORK/hf-llama/model.safetensors" -o "$WORK/bad-file" --tp 1 --pp 1
+expect_error "a shard given for its directory" 1 "sh/$K_SHARD is a file of the Hugging Face model directory .*/sh: give" \
+    "$CK" import "$WORK/sh/$K_SHARD" -o "$WORK/bad-shard" --tp 1 --pp 1
+expect_error "this toolkit's checkpoint" 1 "llama is already this toolkit's checkpoint, not a Hugging Face model directory: .*tp-reshard" \
+    "$CK" import "$WORK/llama" -o "$WORK/bad-own" --tp 1 --pp 1
+expect_error "this toolkit's run directory" 1 "fresh is a run directory of this toolkit's checkpoints.*tp-reshard .*fresh/step_00000000 " \
+    "$CK" import "$WORK/fresh" -o "$WORK/bad-run" --tp 1 --pp 1
+expect_ok "a DCP checkpoint" "$BIN/tp-reshard" "$WORK/llama" --to tp1pp1 --format dcp -o "$WORK/dcp"
+expect_error "a DCP checkpoint: named, with its conversion" 1 \
+    "dcp is a PyTorch distributed checkpoint \(.metadata\), which import does not read: convert it with tp-reshard" \
+    "$CK" import "$WORK/dcp" -o "$WORK/bad-dcp" --tp 1 --pp 1
+mkdir "$WORK/noindex"
+cp "$WORK/sh/"*.safetensors "$WORK/sh/config.json" "$WORK/noindex/"
+expect_error "shards without their index: named, and the index" 1 \
+    "noindex holds safetensors files \(model-0000[1-4]-of-00004.safetensors, .* and 1 more\) but no model.safetensors.index.json" \
+    "$CK" import "$WORK/noindex" -o "$WORK/bad-noindex" --tp 1 --pp 1
+check "nothing written for any" sh -c '! ls -d "$1"/bad-* 2>/dev/null' sh "$WORK"
+
+# --- Files that are no JSON, and names that are no UTF-8.
+cp -r "$WORK/hf" "$WORK/comma"
+"$PY" - "$WORK/comma/config.json" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1])); text = json.dumps(c, indent=2)
+open(sys.argv[1], "w").write(text[:-2] + ",\n}")  # a comma after the last member
+PYEOF
+LINES=$(wc -l <"$WORK/comma/config.json")
+expect_error "a trailing comma in config.json: its line and column" 1 \
+    "comma/config.json: not a JSON object: invalid JSON at line $((LINES + 1)), column 1 \(byte [0-9]+, at \"\}\"\)" \
+    "$CK" import "$WORK/comma" -o "$WORK/bad-comma" --tp 1 --pp 1
+cp -r "$WORK/hf" "$WORK/nan"
+"$PY" - "$WORK/nan/config.json" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1])); c["initializer_range"] = float("nan"); json.dump(c, open(sys.argv[1], "w"))
+PYEOF
+expect_error "NaN in config.json (Python's json writes it): where" 1 \
+    "nan/config.json: not a JSON object: invalid JSON at line 1, column [0-9]+ \(byte [0-9]+, at \"NaN" \
+    "$CK" import "$WORK/nan" -o "$WORK/bad-nan" --tp 1 --pp 1
+
+cp -r "$WORK/hf-llama" "$WORK/utf8"
+AT=$("$PY" "$WORK/st.py" bad-utf8 "$WORK/utf8")
+expect_error "a tensor name of invalid UTF-8: refused, the byte escaped, its offset named" 1 \
+    "utf8/model.safetensors: the tensor name \"model\.\\\\xff\" at byte $AT of the file is not valid UTF-8" \
+    "$CK" import "$WORK/utf8" -o "$WORK/bad-utf8" --tp 1 --pp 1
+check "no raw 0xff byte reaches the terminal" sh -c '! LC_ALL=C grep -q "$(printf "\377")" "$1"' sh "$WORK/.err"
+
+# --- A tied head in another dtype.
+cp -r "$WORK/hf" "$WORK/lmf16"
+"$PY" "$WORK/st.py" lm-head-f16 "$WORK/lmf16"
+expect_ok "an F16 lm_head.weight equal in value to the F32 embedding imports" \
+    "$CK" import "$WORK/lmf16" -o "$WORK/ok-lmf16" --tp 1 --pp 1
+cp -r "$WORK/hf" "$WORK/lmf16-off"
+"$PY" "$WORK/st.py" lm-head-f16 "$WORK/lmf16-off" differ
+expect_error "one value apart, it is refused" 1 "lmf16-off: lm_head.weight differs from transformer.wte.weight" \
+    "$CK" import "$WORK/lmf16-off" -o "$WORK/bad-lmf16" --tp 1 --pp 1
 
 finish
