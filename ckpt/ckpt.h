@@ -336,6 +336,12 @@ typedef struct {
      * message), not the open: verify reports every damaged file, not only
      * the first. 0 (default): the open fails. */
     int damaged_files_fail_pieces;
+    /* 1: in an object store too, each shard file's metadata checksum is
+     * checked at open, as a local file's always is (a ranged read per gap
+     * between the pieces' data): verify's. 0 (default): a store's reads take
+     * everything from the index and never parse the metadata, so damage
+     * there is found only where the file is read locally (after a copy). */
+    int check_metadata;
 } ckpt_read_options;
 
 void ckpt_read_options_init(ckpt_read_options *options);

@@ -332,6 +332,21 @@ static int open_file(ckpt_reader *r, int f)
     return status;
 }
 
+/* The file's metadata checksum against the index's (format 1.1): every
+ * byte outside the pieces' data, read plainly (ckpt_shard_meta_checksum). */
+static int check_file_metadata(ckpt_reader *r, int f)
+{
+    file_runtime *fr = &r->files[f];
+    const ckpt_index_file *idx = &r->index.files[f];
+    uint64_t sum = 0;
+    TP_TRY(ckpt_shard_meta_checksum(r->storage, fr->path, &r->index, f, &sum));
+    if (sum != idx->meta_checksum)
+        return tp_fail(TP_ERR_CHECKSUM, "%s: metadata damaged (checksum %016llx, index says %016llx)", fr->path,
+                       (unsigned long long)sum, (unsigned long long)idx->meta_checksum);
+    fr->meta_checked = 1;
+    return TP_OK;
+}
+
 static int open_file_once(ckpt_reader *r, int f)
 {
     file_runtime *fr = &r->files[f];
@@ -356,6 +371,10 @@ static int open_file_once(ckpt_reader *r, int f)
         int status = r->storage->expect_size
                          ? r->storage->expect_size(fr->data, r->index.files[f].bytes, "the index records")
                          : TP_OK;
+        /* Reads from a store never parse the metadata: checked only when
+         * asked (verify), a ranged read per gap between the data extents. */
+        if (!status && r->options.check_metadata && r->index.files[f].has_meta_checksum)
+            status = check_file_metadata(r, f);
         if (status) {
             r->storage->close(fr->data);
             fr->data = NULL;
@@ -368,14 +387,7 @@ static int open_file_once(ckpt_reader *r, int f)
     const ckpt_index_file *idx = &r->index.files[f];
     /* Checked with plain reads before libhdf5 parses anything of the file:
      * libhdf5 crashes on some damaged metadata (issue 11). */
-    if (idx->has_meta_checksum) {
-        uint64_t sum = 0;
-        TP_TRY(ckpt_shard_meta_checksum(r->storage, fr->path, &r->index, f, &sum));
-        if (sum != idx->meta_checksum)
-            return tp_fail(TP_ERR_CHECKSUM, "%s: metadata damaged (checksum %016llx, index says %016llx)",
-                           fr->path, (unsigned long long)sum, (unsigned long long)idx->meta_checksum);
-        fr->meta_checked = 1;
-    }
+    if (idx->has_meta_checksum) TP_TRY(check_file_metadata(r, f));
     if (fr->meta_checked && local_through_index(r)) { /* byte for byte the file the index describes */
         TP_TRY(r->storage->open(r->storage, fr->path, STORE_OPEN_READ, &fr->data));
         fr->through_index = 1;

@@ -58,8 +58,9 @@ static const char *usage_text =
 #define fail(...) cli_error("tp-ckpt", __VA_ARGS__)
 
 /* A checkpoint of any format (formats/registry.h); with verify, this
- * toolkit's own read against its checksums; with every_damage, its missing
- * or cut-short shard files failing their pieces, not the open. */
+ * toolkit's own read against its checksums; with every_damage (verify's
+ * whole check), its missing or cut-short shard files failing their pieces,
+ * not the open, and each shard file's metadata checked in a store too. */
 static formats_source *open_or_die(const char *path, int verify, int every_damage, int *exit_code)
 {
     cli_path("tp-ckpt", "the checkpoint's path", path);
@@ -67,6 +68,7 @@ static formats_source *open_or_die(const char *path, int verify, int every_damag
     ckpt_read_options_init(&read);
     read.verify = verify;
     read.damaged_files_fail_pieces = every_damage;
+    read.check_metadata = every_damage;
     formats_source_options options = {.read = &read};
     formats_source *source = NULL;
     if (formats_source_open(path, NULL, &options, &source) != TP_OK) {

@@ -15,7 +15,8 @@
 #   trailing slashes (info, verify, copy both ways, reshard; both stores);
 #   an upload refused at its index leaves nothing; copy up into a run
 #   directory refused; --force over more files leaves the new ones alone
-#   (both stores); a damaged stored shard fails after one download; each
+#   (both stores); a damaged stored shard fails after one download (and
+#   verify of the URL finds damaged HDF5 metadata, as it does locally); each
 #   retry said on stderr; an ftp:// URL refused naming the scheme.
 #   S3: synth, verify, diff, a multipart upload (TP_REMOTE_PART_MB=5), a
 #   PyTorch distributed checkpoint written, read, verified and resharded there,
@@ -517,6 +518,14 @@ sys.exit(not (sorted(puts) == sorted(want) and set(puts.values()) == {1}))' "$WE
     run "$CK" verify "$U/run"
     check_all "a truncated shard on the server: verify names its size (exit $RC)" '[ "$RC" -eq 1 ] &&
         grep -q "^tp-ckpt: damaged: .*shard_pp00_tp00.h5: .*bytes, the index records .*truncated" "$WORK/.err"'
+    # Reads from a store take everything from the index and never parse a
+    # shard's HDF5 metadata, so verify checked no byte of it: a flipped one
+    # passed remotely and failed locally (and the copy down).
+    cp "$WORK/shard.orig" "$SHARD"
+    flip_byte "$SHARD" 16
+    run "$CK" verify "$U/run"
+    check_all "a flipped metadata byte on the server: verify names it (exit $RC)" '[ "$RC" -eq 1 ] &&
+        grep -q "^tp-ckpt: damaged: .*shard_pp00_tp00.h5: metadata damaged (checksum [0-9a-f]*, index says" "$WORK/.err"'
     cp "$WORK/shard.orig" "$SHARD"
     expect_ok "the shard restored: verify" "$CK" verify "$U/run"
 
