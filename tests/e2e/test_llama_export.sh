@@ -198,7 +198,8 @@ expect_error "attention biases" 1 "attention_bias must be false" "$CK" import "$
 edit "$WORK/hf" hidden_act '"gelu"'
 expect_error "another activation" 1 "hidden_act gelu" "$CK" import "$WORK/edit" --tp 1 --pp 1 -o "$WORK/never"
 edit "$WORK/hf" rope_scaling '{"rope_type": "yarn", "factor": 4}'
-expect_error "another rope scaling" 1 "rope_scaling of type yarn" "$CK" import "$WORK/edit" --tp 1 --pp 1 -o "$WORK/never"
+expect_error "another rope scaling" 1 "config.json: rope_scaling: rope_type yarn: of the scaled types, Llama 3.s .llama3. is computed" \
+    "$CK" import "$WORK/edit" --tp 1 --pp 1 -o "$WORK/never"
 edit "$WORK/hf" head_dim 32
 expect_error "a head_dim of its own" 1 "head_dim 32" "$CK" import "$WORK/edit" --tp 1 --pp 1 -o "$WORK/never"
 # A file without one of its tensors (rewritten by hand: header and data).
