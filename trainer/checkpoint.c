@@ -568,18 +568,35 @@ int saver_start(saver *s, const char *path, const char *url, const save_state *s
     free(s->user);
     s->schedule = strdup(state->schedule_json ? state->schedule_json : "{}");
     s->user = strdup(state->user_json ? state->user_json : "{}");
-    int staged = saver_reserve(s), failed;
+    int staged = saver_reserve(s), failed, begin_failed = 0;
     ckpt_write_options options;
     shard_options(s, &options);
+    char begin_error[1024] = "";
     if (url) {
         /* A step saved again (a run resumed before it): its old index goes
          * before any rank uploads a shard (the comm_any below orders them). */
-        if (!staged && c->rank == 0) staged = ckpt_upload_begin(s->url, 1);
+        if (!staged && c->rank == 0 && (staged = ckpt_upload_begin(s->url, 1)) != TP_OK) {
+            begin_failed = 1;
+            snprintf(begin_error, sizeof begin_error, "%s", tp_errmsg());
+        }
         if (!staged && s->snapshot_floats) staged = ckpt_stage_prepare(path, &options);
     } else if (c->rank == 0 && !staged) {
         staged = ckpt_stage_prepare(path, &options);
     }
     TP_TRY(comm_any(c, staged != TP_OK, &failed));
+    if (failed && s->url[0]) {
+        /* The store did not answer whether the step is there (an outage
+         * through every retry): this checkpoint is lost as a failed upload
+         * is, nothing of it written and an older one of the step left as it
+         * is, and training goes on; a failure of this machine's staging
+         * stays an error. */
+        int other;
+        TP_TRY(comm_any(c, staged != TP_OK && !begin_failed, &other));
+        if (!other) {
+            if (s->snapshot_floats) ckpt_stage_discard(path, &options);
+            return upload_lost(s, begin_failed, begin_error);
+        }
+    }
     if (failed) {
         if (s->url[0] && s->snapshot_floats) ckpt_stage_discard(path, &options);
         if (staged && s->url[0]) staged = cache_gone(path, staged);

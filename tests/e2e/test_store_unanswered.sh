@@ -18,6 +18,9 @@
 # The controls: one 503 within the retries is waited out, and the resume
 # takes step 20; a damaged step (a flipped byte on the server's disk) is
 # still passed over for the one before it, saying so.
+# A save whose check of the store (is the step there?) goes unanswered
+# through every retry is lost with a warning, as a failed upload is, and
+# training goes on (it ended the run).
 # And a remote run's local cache (--ckpt-cache) removed mid-run: the next
 # save said "no staging directory ... prepared by this process"; now it
 # says the cache is gone (it is not made again: the run's lock on it went
@@ -157,6 +160,20 @@ else
         '[ $RC -eq 1 ] && said | grep "^tp-train: error" | grep -qF "checkpoint $P/runC/step_00000010: the local cache $WORK/cacheK, where checkpoints are staged before they go up, is gone" &&
          ! grep -q "prepared by this process" "$WORK/.err"'
     check "step 5 is up, and latest names it" [ "$(cat "$DAV/runC/latest")" = step_00000005 ]
+
+    # --- A save the store does not answer for (an outage through every
+    # retry at the check of whether the step is there): that checkpoint is
+    # lost with a warning, as a failed upload is, and training goes on (the
+    # run ended, exit 1, its lease left behind).
+    rules "503 PROPFIND step_00000010/index.json always"
+    run env TP_REMOTE_RETRIES=1 TP_REMOTE_BACKOFF_MS=50 mpirun --oversubscribe -np 2 "$TRAIN" --model tiny --tp 2 \
+        --steps 15 --ckpt-dir "$P/runO" --ckpt-every 5 --ckpt-cache "$WORK/cacheO" </dev/null
+    check_all "no answer for step 10's save: said as a lost upload, training goes on to step 15 (exit $RC)" \
+        '[ $RC -eq 0 ] && said | grep -q "^tp-train: warning: upload of the checkpoint of step 10 failed: PROPFIND $P/runO/step_00000010/index.json: HTTP 503"'
+    check_all "steps 5 and 15 are up, latest names step 15, nothing of step 10" \
+        '[ -s "$DAV/runO/step_00000005/index.json" ] && [ -s "$DAV/runO/step_00000015/index.json" ] &&
+         [ "$(cat "$DAV/runO/latest")" = step_00000015 ] && [ ! -e "$DAV/runO/step_00000010" ]'
+    rules
     stop_proxy
     webdav_stop
 fi
