@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -259,9 +260,15 @@ static int eval_command(int argc, char **argv)
                    tp_json_number(loss, "%.9g", result.loss), (long long)result.windows, (long long)result.tokens, (long long)result.seq,
                    (long long)result.step);
         else
-            printf("loss %.6f (%.4f bits per token) over %lld windows of %lld tokens: %s, step %lld, tp=%d pp=%d dp=%d\n",
-                   result.loss, result.loss / 0.6931471805599453, (long long)result.windows, (long long)result.seq,
-                   result.path, (long long)result.step, cm->tp, cm->pp, cm->dp);
+            printf("loss %.6f (%.4f bits per token) over %lld window%s of %lld tokens: %s, step %lld, tp=%d pp=%d dp=%d\n",
+                   result.loss, result.loss / 0.6931471805599453, (long long)result.windows,
+                   result.windows == 1 ? "" : "s", (long long)result.seq, result.path, (long long)result.step, cm->tp,
+                   cm->pp, cm->dp);
+        /* Said (null in JSON) and a failure: a script that checks the exit
+         * status recorded a NaN loss as an evaluation done. */
+        if (!isfinite(result.loss))
+            status = fail("the loss of %s is not finite: its weights (or the windows' sums) hold NaN or infinity",
+                          result.path);
     }
     comm_free(cm);
     return status ? 1 : 0;

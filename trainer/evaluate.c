@@ -185,6 +185,16 @@ int generate_run(const generate_options *o, FILE *out)
         if ((unsigned char)o->prompt[i] >= config.vocab)
             status = tp_fail(TP_ERR_ARG, "prompt byte %u at offset %zu is outside the model's vocabulary of %lld",
                              (unsigned char)o->prompt[i], i, (long long)config.vocab);
+    /* A model of another vocabulary (GPT-2's 50257, Llama's) was trained on
+     * a tokenizer's ids: bytes in and bytes out mean nothing to it, and its
+     * text came out as noise without a word. */
+    if (!status && config.vocab > 256 && o->warn) {
+        char text[400];
+        snprintf(text, sizeof text, "the model's vocabulary has %lld tokens, more than the 256 bytes tp-train "
+                 "prepare writes: the prompt is read as byte ids and ids print as bytes (beyond 255 as <|id|>), which "
+                 "is text only for a model trained on byte-level token files", (long long)config.vocab);
+        o->warn(o->warn_ctx, text);
+    }
     if (!status) status = inference_model(config, resolved, c, 1, T, &m);
     load_result loaded;
     if (!status) status = checkpoint_load(m, o->ckpt, 0, o->warn, o->warn_ctx, &loaded);

@@ -336,6 +336,13 @@ run "$TRAIN" generate --ckpt "$WORK/tp4pp1" --prompt "the " --tokens 40 --seed 7
 cp "$WORK/.out" "$WORK/sample1.txt"
 run "$TRAIN" generate --ckpt "$SRC" --prompt "the " --tokens 40 --seed 7
 check "sampling with one seed repeats, from any layout" cmp -s "$WORK/.out" "$WORK/sample1.txt"
+check "a byte-level model (vocabulary 250) generates without a warning" [ ! -s "$WORK/.err" ]
+# A model of another tokenizer's ids (more than 256 tokens): bytes in and
+# out mean nothing to it, which was not said.
+expect_ok "synthesize a model of GPT-2's vocabulary" "$CKPT" synth -o "$WORK/bpe" --tp 1 --pp 1 --model tiny --vocab 50257
+expect_ok "generate with it" "$TRAIN" generate --ckpt "$WORK/bpe" --prompt "the " --tokens 4 --seed 7
+check "it says the prompt is read as bytes, which a vocabulary of 50257 was not trained on" \
+    grep -q "^tp-train: warning: the model's vocabulary has 50257 tokens, more than the 256 bytes" "$WORK/.err"
 
 # --- Bad input: one line, the right exit status, nothing half-written.
 expect_ok "synthesize a SwiGLU model" "$CKPT" synth -o "$WORK/swiglu" --tp 1 --pp 1 --layers 2 --dim 64 --heads 4 \
@@ -494,6 +501,12 @@ expect_ok "import weights holding NaN" "$CKPT" import "$WORK/hf-nan" -o "$WORK/n
 run "$TRAIN" generate --ckpt "$WORK/nan" --prompt "the " --tokens 5
 check_all "generate: NaN logits are an error naming the checkpoint" \
     '[ "$RC" -eq 1 ] && grep -q "^tp-train: error: .*/nan: the logit of token 0 is nan after 0 generated tokens" "$WORK/.err"'
+# eval of them: the loss printed (null in JSON) and a failure, naming the
+# checkpoint (exit 0 before: a script took it for an evaluation done).
+run "$TRAIN" eval --ckpt "$WORK/nan" --data "$WORK/fox.bin" --seq 32 --windows 2 --json
+check_all "eval of NaN weights: loss null, exit 1, the checkpoint named (exit $RC)" \
+    '[ "$RC" -eq 1 ] && grep -q "\"loss\": null" "$WORK/.out" &&
+     grep -q "^tp-train: error: the loss of .*/nan.* is not finite" "$WORK/.err"'
 # A micro-batch is cut to the windows a replica has (one here): it was built
 # whole, 285 GB at this size, and the evaluation failed for want of memory.
 expect_ok "eval: --micro-batch far above the windows" "$TRAIN" eval --ckpt "$SRC" --data "$WORK/fox.bin" --windows 1 \
