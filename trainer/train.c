@@ -426,15 +426,18 @@ static char *schedule_json(const train_options *o, int64_t step)
 }
 
 /* The trainer's record of the run in a checkpoint (its user JSON): the
- * batch, where its data came from and its precision (bf16 mixed precision
- * keeps fp32 weights: the model's dtype does not say it). */
+ * batch, where its data came from (token files: how many tokens they hold,
+ * so that a resume on other files is said) and its precision (bf16 mixed
+ * precision keeps fp32 weights: the model's dtype does not say it). */
 static void run_record(const trainer *t, char *out, size_t size)
 {
+    char tokens[48] = "";
+    if (t->o->data && t->data) snprintf(tokens, sizeof tokens, ",\"data_tokens\":%lld", (long long)dataset_tokens(t->data));
     snprintf(out, size,
-             "{\"global_batch\":%lld,\"micro_batch\":%lld,\"grad_accum\":%lld,\"seq\":%lld,\"data\":\"%s\","
+             "{\"global_batch\":%lld,\"micro_batch\":%lld,\"grad_accum\":%lld,\"seq\":%lld,\"data\":\"%s\"%s,"
              "\"precision\":\"%s\"}",
              (long long)t->global_batch, (long long)t->o->micro_batch, (long long)t->o->grad_accum,
-             (long long)t->model->T, t->o->data ? "files" : "synthetic", t->o->bf16 ? "bf16" : "fp32");
+             (long long)t->model->T, t->o->data ? "files" : "synthetic", tokens, t->o->bf16 ? "bf16" : "fp32");
 }
 
 static int save(trainer *t, const char *path, const char *url, int64_t step, int sync, saver *with)
@@ -630,6 +633,9 @@ static int compare_settings(trainer *t, const load_result *loaded)
     note_change(changed, sizeof changed, "--warmup", schedule_now, schedule, "warmup");
     note_change(changed, sizeof changed, "--steps", schedule_now, schedule, "total_steps");
     note_change(changed, sizeof changed, "global batch", run_now, run, "global_batch");
+    /* Other token files (the sample index would go on into another
+     * dataset) or the same grown: said by their size, unsaid before. */
+    note_change(changed, sizeof changed, "--data tokens", run_now, run, "data_tokens");
     const cJSON *precision = cJSON_GetObjectItemCaseSensitive(run, "precision");
     if (cJSON_IsString(precision) && strcmp(precision->valuestring, o->bf16 ? "bf16" : "fp32")) {
         size_t n = strlen(changed);

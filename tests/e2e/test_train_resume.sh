@@ -343,6 +343,13 @@ check_all "resumed with another schedule and batch: said, each with what it was 
 run "$TRAIN" $TINY --data "$WORK/tokens.bin" --steps 12 --ckpt-dir "$S" --resume --stop-at 5
 check_all "resumed with the settings it was trained with: nothing said (exit $RC)" \
     '[ "$RC" -eq 0 ] && ! grep -q "other settings" "$WORK/.err"'
+# Other token files: the sample index went on into another dataset
+# without a word (the record said only "files"); now their size is said.
+head -c 1000 "$WORK/text.txt" >"$WORK/other.txt"
+expect_ok "other token files" "$TRAIN" prepare "$WORK/other.txt" -o "$WORK/other.bin"
+run "$TRAIN" $TINY --data "$WORK/other.bin" --steps 12 --ckpt-dir "$S" --resume --stop-at 6
+check_all "resumed on other token files: said with both sizes (exit $RC)" \
+    '[ "$RC" -eq 0 ] && grep -q "^tp-train: warning: .*settings/step_00000005 was trained with other settings than this launch.s: --data tokens 1000 (was 1870);" "$WORK/.err"'
 
 # --resume without model options takes the run's model and precision (a
 # resume had to repeat every model option, and one without --dtype bf16
