@@ -1,11 +1,12 @@
-/* data.c: token files (llm.c's format: 256 int32 header with magic 20240520,
- * version 1 and the token count, then uint16 tokens), globs of them, and the
- * synthetic dataset. Files stay open and each window is read with pread(2):
- * a mapping would kill the trainer with SIGBUS, and no message, when a file
- * is cut short under it, and would hand the embedding whatever a rewrite in
- * place put there; a read fails with a message, and every token read is
- * checked against the vocabulary again. prepare writes token files from
- * text, through the store's staging (store/staging.h) as every output is. */
+/* data.c: token files (llm.c's two formats: a 256-int32 header with the
+ * magic, the version and the token count, then uint16 or uint32 tokens as
+ * the pair says), globs of them, and the synthetic dataset. Files stay open
+ * and each window is read with pread(2): a mapping would kill the trainer
+ * with SIGBUS, and no message, when a file is cut short under it, and would
+ * hand the embedding whatever a rewrite in place put there; a read fails
+ * with a message, and every token read is checked against the vocabulary
+ * again. prepare writes token files from text, through the store's staging
+ * (store/staging.h) as every output is. */
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -25,11 +26,27 @@
 
 #define SYNTH_KEEP 0.75 /* probability that a token follows the rule */
 #define HEADER_BYTES ((int64_t)(DATA_HEADER_INTS * sizeof(int32_t))) /* where the tokens start */
-#define READ_TOKENS 16384 /* tokens per pread (32 KiB on the stack) */
+#define READ_BYTES 32768 /* bytes of tokens per pread (on the stack) */
+
+/* The formats read, by their (magic, version) pair: llm.c's GPT-2 and
+ * Llama-3 shards (dev/data/data_common.py HEADERS_INFO). The pair is
+ * checked whole: a known magic with another version may have another
+ * layout, and reading it with this one would train on garbage. */
+static const struct {
+    int32_t magic, version;
+    int width;        /* bytes per token */
+    const char *type; /* of a token, for messages */
+    const char *name; /* llm.c's */
+} FORMATS[] = {
+    {DATA_MAGIC_GPT2, DATA_VERSION_GPT2, 2, "uint16", "GPT-2"},
+    {DATA_MAGIC_LLAMA3, DATA_VERSION_LLAMA3, 4, "uint32", "Llama-3"},
+};
+#define NUM_FORMATS ((int)(sizeof FORMATS / sizeof *FORMATS))
 
 typedef struct {
     char *path; /* for messages */
     int fd;     /* -1 when not open */
+    int width;  /* bytes per token, of its format (FORMATS) */
     int64_t count;
 } token_file;
 
@@ -42,8 +59,9 @@ struct dataset {
 };
 
 /* The header of the token file open as fd (path names it in messages): its
- * token count, or TP_ERR_FORMAT saying what is wrong. */
-static int read_header(int fd, const char *path, int64_t *count_out)
+ * token count and format (an index into FORMATS), or TP_ERR_FORMAT saying
+ * what is wrong. */
+static int read_header(int fd, const char *path, int64_t *count_out, int *format_out)
 {
     struct stat st;
     int32_t header[DATA_HEADER_INTS];
@@ -53,60 +71,101 @@ static int read_header(int fd, const char *path, int64_t *count_out)
                        (long long)st.st_size, sizeof header);
     if (pread(fd, header, sizeof header, 0) != (ssize_t)sizeof header)
         return tp_fail(TP_ERR_IO, "%s: cannot read the header: %s", path, strerror(errno));
-    if (header[0] != DATA_MAGIC)
-        return tp_fail(TP_ERR_FORMAT, "%s: not a token file (magic %d, expected %d)", path, header[0], DATA_MAGIC);
-    if (header[1] != DATA_VERSION)
-        return tp_fail(TP_ERR_FORMAT, "%s: token file version %d, expected %d", path, header[1], DATA_VERSION);
-    int64_t count = header[2];
+    int format = -1;
+    for (int i = 0; i < NUM_FORMATS; i++)
+        if (header[0] == FORMATS[i].magic && header[1] == FORMATS[i].version) format = i;
+    if (format < 0) {
+        char known[256] = "";
+        for (int i = 0, n = 0; i < NUM_FORMATS; i++)
+            n += snprintf(known + n, sizeof known - (size_t)n, "%smagic %d version %d, %s tokens (llm.c's %s shards)",
+                          i ? "; " : "", FORMATS[i].magic, FORMATS[i].version, FORMATS[i].type, FORMATS[i].name);
+        return tp_fail(TP_ERR_FORMAT, "%s: not a token file of a known format (magic %d, version %d; known: %s)", path,
+                       header[0], header[1], known);
+    }
+    const int width = FORMATS[format].width;
+    const char *type = FORMATS[format].type;
+    int64_t count = header[2], bytes = (int64_t)st.st_size - (int64_t)sizeof header;
     if (count < 0)
         return tp_fail(TP_ERR_FORMAT, "%s: header says %lld tokens: a count below 0 (a damaged header)", path,
                        (long long)count);
-    if (count < 2 && (int64_t)sizeof header + count * 2 <= (int64_t)st.st_size)
+    if (count < 2 && count * width <= bytes)
         return tp_fail(TP_ERR_FORMAT, "%s: holds %lld token%s; a token file needs at least 2 (an input and its target)",
                        path, (long long)count, count == 1 ? "" : "s");
-    if (count < 2 || (int64_t)sizeof header + count * 2 > (int64_t)st.st_size)
-        return tp_fail(TP_ERR_FORMAT, "%s: header says %lld tokens, the file holds %lld (truncated?)", path,
-                       (long long)count, (long long)((st.st_size - (off_t)sizeof header) / 2));
-    /* More than the header counts: tokens of another width (uint32 ids read
-     * as uint16 would train on every other one being 0), or a header
-     * written for a part of them. llm.c refuses such a file too. */
-    if ((int64_t)sizeof header + count * 2 < (int64_t)st.st_size)
+    if (count < 2 || count * width > bytes)
         return tp_fail(TP_ERR_FORMAT,
-                       "%s: header says %lld tokens (%lld bytes of uint16), the file holds %lld bytes after the header "
+                       "%s: header says %lld tokens (%lld bytes of %s), the file holds %lld (truncated?)", path,
+                       (long long)count, (long long)count * width, type, (long long)(bytes / width));
+    /* More than the header counts: tokens of another width (a Llama-3
+     * file's uint32 ids under a GPT-2 header, read as uint16, would train on
+     * every other one being 0), or a header written for a part of them.
+     * llm.c refuses such a file too. */
+    if (count * width < bytes)
+        return tp_fail(TP_ERR_FORMAT,
+                       "%s: header says %lld tokens (%lld bytes of %s), the file holds %lld bytes after the header "
                        "(tokens of another width, or a damaged header?)",
-                       path, (long long)count, (long long)count * 2, (long long)(st.st_size - (off_t)sizeof header));
+                       path, (long long)count, (long long)count * width, type, (long long)bytes);
     *count_out = count;
+    *format_out = format;
     return TP_OK;
 }
 
 /* Tokens [first, first + count) of f into tokens (NULL: only checked),
  * each checked against the vocabulary: the file may have been cut short or
- * rewritten since it was opened, whole and in range. */
+ * rewritten since it was opened, whole and in range. The width is decided
+ * once a chunk, not once a token: this is the trainer's and eval's only
+ * path to the tokens. */
 static int read_file_tokens(const token_file *f, int64_t first, int64_t count, int64_t vocab, int *tokens)
 {
-    uint16_t chunk[READ_TOKENS];
+    union { /* pread fills its bytes; the file's width says which view holds tokens */
+        uint16_t u16[READ_BYTES / 2];
+        uint32_t u32[READ_BYTES / 4];
+    } chunk;
+    const int width = f->width;
     for (int64_t done = 0; done < count;) {
-        int64_t want = count - done < READ_TOKENS ? count - done : READ_TOKENS, got = 0;
-        off_t at = (off_t)(HEADER_BYTES + (first + done) * (int64_t)sizeof *chunk);
+        int64_t want = count - done < READ_BYTES / width ? count - done : READ_BYTES / width, got = 0;
+        off_t at = (off_t)(HEADER_BYTES + (first + done) * width);
         while (got < want) {
-            ssize_t n = pread(f->fd, (char *)chunk + got * 2, (size_t)(want - got) * 2, at + (off_t)got * 2);
+            ssize_t n = pread(f->fd, (char *)&chunk + got * width, (size_t)((want - got) * width),
+                              at + (off_t)(got * width));
             if (n < 0 && errno == EINTR) continue;
             if (n < 0)
                 return tp_fail(TP_ERR_IO, "%s: cannot read token %lld: %s", f->path, (long long)(first + done + got),
                                strerror(errno));
-            if (n < 2) /* a regular file reads short only at its end; no token is split by a cut between reads */
+            /* A regular file reads short only at its end: less than a token
+             * is the end, and a token split by it is read again, whole or
+             * not at all, by the next pread. */
+            if (n < width)
                 return tp_fail(TP_ERR_FORMAT,
                                "%s: ends before token %lld, though it held %lld tokens when opened (cut short while "
                                "in use?)",
                                f->path, (long long)(first + done + got), (long long)f->count);
-            got += n / 2;
+            got += n / width;
         }
-        for (int64_t i = 0; i < want; i++) {
-            if (chunk[i] >= vocab)
-                return tp_fail(TP_ERR_FORMAT, "%s: token %u at position %lld is outside the vocabulary of %lld",
-                               f->path, chunk[i], (long long)(first + done + i), (long long)vocab);
-            if (tokens) tokens[done + i] = chunk[i];
+        /* Ids compared as int64: a uint32 id can exceed INT32_MAX, and one
+         * below the vocabulary fits in an int (GPT_MAX_SIZE). */
+        int64_t bad = -1, id = 0;
+        if (width == 2) {
+            for (int64_t i = 0; i < want; i++) {
+                if ((int64_t)chunk.u16[i] >= vocab) {
+                    bad = i;
+                    id = chunk.u16[i];
+                    break;
+                }
+                if (tokens) tokens[done + i] = chunk.u16[i];
+            }
+        } else {
+            for (int64_t i = 0; i < want; i++) {
+                if ((int64_t)chunk.u32[i] >= vocab) {
+                    bad = i;
+                    id = chunk.u32[i];
+                    break;
+                }
+                if (tokens) tokens[done + i] = (int)chunk.u32[i];
+            }
         }
+        if (bad >= 0)
+            return tp_fail(TP_ERR_FORMAT, "%s: token %lld at position %lld is outside the vocabulary of %lld", f->path,
+                           (long long)id, (long long)(first + done + bad), (long long)vocab);
         done += want;
     }
     return TP_OK;
@@ -120,7 +179,9 @@ static int open_file(token_file *f, const char *path, int64_t vocab)
     f->path = strdup(path);
     if (!f->path) return tp_fail(TP_ERR_NOMEM, "out of memory");
     TP_TRY(tp_open_regular(path, &f->fd));
-    TP_TRY(read_header(f->fd, path, &f->count));
+    int format;
+    TP_TRY(read_header(f->fd, path, &f->count, &format));
+    f->width = FORMATS[format].width;
     return read_file_tokens(f, 0, f->count, vocab, NULL);
 }
 
@@ -191,6 +252,20 @@ int64_t dataset_longest_file(const dataset *d)
     for (int i = 0; i < d->num_files; i++)
         if (d->files[i].count > longest) longest = d->files[i].count;
     return longest;
+}
+
+int dataset_files_shorter_than(const dataset *d, int64_t window, const char **names, int64_t *counts, int max_names)
+{
+    int shorter = 0;
+    for (int i = 0; i < d->num_files; i++) {
+        if (d->files[i].count >= window) continue;
+        if (shorter < max_names) {
+            names[shorter] = d->files[i].path;
+            counts[shorter] = d->files[i].count;
+        }
+        shorter++;
+    }
+    return shorter;
 }
 
 int dataset_read_tokens(const dataset *d, int64_t first, int64_t count, int *tokens)
@@ -266,7 +341,8 @@ static int token_file_may_replace(const store_ops *storage, const char *path, vo
     int status = tp_open_regular(path, &fd);
     if (!status) {
         int64_t count;
-        status = read_header(fd, path, &count);
+        int format;
+        status = read_header(fd, path, &count, &format);
         close(fd);
     }
     if (!status) return TP_OK;
@@ -342,7 +418,7 @@ int dataset_prepare(const char *text_path, const char *out_path, int overwrite)
         status = tp_fail(TP_ERR_FORMAT, "%s: %lld bytes: a token file holds 2 to %d tokens", text_path,
                          (long long)count, INT32_MAX);
     if (!status) {
-        int32_t header[DATA_HEADER_INTS] = {DATA_MAGIC, DATA_VERSION, (int32_t)count};
+        int32_t header[DATA_HEADER_INTS] = {DATA_MAGIC_GPT2, DATA_VERSION_GPT2, (int32_t)count};
         status = s->write_at(out, header, sizeof header, 0);
     }
     if (out) s->close(out);

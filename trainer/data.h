@@ -1,7 +1,8 @@
 /* data.h: training samples by global index, independent of the layout.
  *
- * A token file (llm.c format, docs/DATA.md) or a glob of them is one stream;
- * sample i is the window of seq+1 tokens at an offset drawn from (seed, i).
+ * A token file (llm.c's formats, docs/DATA.md: uint16 or uint32 tokens) or
+ * a glob of them is one stream; sample i is the window of seq+1 tokens inside
+ * one file at an offset drawn from (seed, i).
  * Without a file, a synthetic dataset: sample i is a sequence drawn from
  * (seed, i) where each token follows its predecessor by a fixed rule with
  * probability 3/4 and is uniform otherwise, so the loss falls toward the
@@ -31,6 +32,12 @@ int64_t dataset_tokens(const dataset *d);
  * seq + 1 tokens is a window inside one file. */
 int64_t dataset_longest_file(const dataset *d);
 
+/* How many files hold fewer than window tokens (training never samples
+ * them, while evaluation's stream reads them); the paths (owned by d) and
+ * token counts of the first min(that, max_names) of them, in the glob's
+ * order, into names and counts. 0 for the synthetic dataset. */
+int dataset_files_shorter_than(const dataset *d, int64_t window, const char **names, int64_t *counts, int max_names);
+
 /* Tokens [first, first + count) of the files read as one stream, in the
  * glob's order (for evaluation windows). Fails with TP_ERR_ARG when the
  * range is not inside the stream (or the dataset is synthetic). */
@@ -49,8 +56,14 @@ double dataset_loss_floor(const dataset *d);
  * what is there. */
 int dataset_prepare(const char *text_path, const char *out_path, int overwrite);
 
-#define DATA_MAGIC 20240520
-#define DATA_VERSION 1
+/* llm.c's token files (dev/data/data_common.py, HEADERS_INFO): a header of
+ * DATA_HEADER_INTS int32, [0] magic, [1] version, [2] the token count, then
+ * the tokens, whose width the (magic, version) pair says. prepare writes the
+ * GPT-2 one (its 256-token vocabulary fits). */
 #define DATA_HEADER_INTS 256
+#define DATA_MAGIC_GPT2 20240520 /* version 1: uint16 tokens */
+#define DATA_VERSION_GPT2 1
+#define DATA_MAGIC_LLAMA3 20240801 /* version 7: uint32 tokens (vocabularies over 65536) */
+#define DATA_VERSION_LLAMA3 7
 
 #endif

@@ -536,6 +536,31 @@ static int choose_save_dir(const train_options *o, char out[CKPT_PATH_MAX])
     return TP_OK;
 }
 
+/* Files of --data shorter than a window (seq + 1 tokens) are never
+ * sampled, though eval's stream reads them: said once, naming a few, so
+ * that a glob's short shards are not dropped without a word. */
+static void warn_short_files(trainer *t)
+{
+    enum { NAMED = 3 };
+    const char *names[NAMED];
+    int64_t counts[NAMED], window = t->o->seq + 1;
+    int shorter = dataset_files_shorter_than(t->data, window, names, counts, NAMED);
+    if (!shorter) return;
+    char text[2048];
+    int n = snprintf(text, sizeof text, "--data %s: ", t->o->data);
+    for (int i = 0; i < shorter && i < NAMED && n < (int)sizeof text; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "%s%s (%lld tokens)", i ? ", " : "", names[i],
+                      (long long)counts[i]);
+    if (shorter > NAMED && n < (int)sizeof text)
+        n += snprintf(text + n, sizeof text - (size_t)n, " and %d more", shorter - NAMED);
+    if (n < (int)sizeof text)
+        snprintf(text + n, sizeof text - (size_t)n,
+                 ": %s fewer tokens than a window of %lld (--seq %lld + 1), never sampled in training (a sample is a "
+                 "window inside one file)",
+                 shorter == 1 ? "holds" : "hold", (long long)window, (long long)t->o->seq);
+    warn(t, text);
+}
+
 /* Everything a run needs before its first step; the same verdict on every rank. */
 static int set_up(trainer *t)
 {
@@ -591,7 +616,9 @@ static int set_up(trainer *t)
     /* Saves of an earlier run killed meanwhile: half-written, theirs to remove. */
     if (!status && o->ckpt_dir && (c->rank == 0 || remote)) status = store_remove_dead_staging(t->save_dir);
     if (!status) saver_set_claim(t->saver, t->claim);
-    return comm_agree(c, status, "setting up");
+    status = comm_agree(c, status, "setting up");
+    if (!status && o->data) warn_short_files(t);
+    return status;
 }
 
 /* Appends ", WHAT NOW (was THEN)" to text where key of the saved object

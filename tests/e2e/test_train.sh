@@ -551,6 +551,87 @@ open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, 100, *[0] * 253)
 expect_error "a token file of uint32 ids: refused" 1 "wide.bin: header says 100 tokens \(200 bytes of uint16\), the file holds 400 bytes" \
     "$TRAIN" $TINY --data "$WORK/wide.bin"
 expect_error "token ids beyond the vocabulary" 1 "tokens_0.bin.*vocab" "$TRAIN" $TINY --vocab 64 --data "$WORK/tokens_0.bin"
+# --- llm.c's Llama-3 token files (docs/DATA.md): magic 20240801, version 7, uint32 tokens, written as llm.c's
+# dev/data/data_common.py write_datafile writes them. They were refused ("not a token file (magic 20240801,
+# expected 20240520)"), so a vocabulary over 65536 trained on synthetic data only.
+"$PY" - "$WORK" <<'PYEOF'
+import sys, numpy as np
+work = sys.argv[1]
+def write_datafile(filename, toks, model_desc):
+    info = {"gpt-2": (20240520, 1, np.uint16), "llama-3": (20240801, 7, np.uint32)}[model_desc]
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = info[0], info[1], len(toks)
+    with open(filename, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.array(toks, dtype=info[2]).tobytes())
+rng = np.random.default_rng(3)
+# A vocabulary of 70000: half the ids above uint16's range.
+big = np.where(rng.random(4000) < 0.5, rng.integers(65536, 70000, 4000), rng.integers(0, 65536, 4000))
+write_datafile(work + "/llama3_big.bin", big, "llama-3")
+# The same ids below 65536 in both formats, and split in two files of either width.
+ids = (np.arange(4000) * 7919 + rng.integers(0, 50, 4000)) % 65536
+write_datafile(work + "/same_u16.bin", ids, "gpt-2")
+write_datafile(work + "/same_u32.bin", ids, "llama-3")
+write_datafile(work + "/mixed_0.bin", ids[:1500], "gpt-2")
+write_datafile(work + "/mixed_1.bin", ids[1500:], "llama-3")
+PYEOF
+L3="--model tiny --vocab 70000 --micro-batch 2 --quiet --steps 3"
+expect_ok "train on an llm.c Llama-3 file (uint32 ids above 65535, vocabulary 70000)" "$TRAIN" $L3 \
+    --data "$WORK/llama3_big.bin" --ckpt-dir "$WORK/l3run"
+expect_ok "eval on an llm.c Llama-3 file" "$TRAIN" eval --ckpt "$WORK/l3run" --data "$WORK/llama3_big.bin" --json
+check "eval on an llm.c Llama-3 file: a finite loss over its windows" "$PY" -c 'import json, math, sys
+r = json.load(open(sys.argv[1])); sys.exit(not (math.isfinite(r["loss"]) and r["windows"] == 3999 // 32))' "$WORK/.out"
+# The same ids as uint16 and as uint32: the same batches, gradients and losses, bit for bit.
+for w in u16 u32; do
+    expect_ok "train on the same ids as $w" "$TRAIN" $L3 --data "$WORK/same_$w.bin" --log "$WORK/same_$w.jsonl" \
+        --dump "$WORK/dump_$w"
+    expect_ok "eval on the same ids as $w" "$TRAIN" eval --ckpt "$WORK/l3run" --data "$WORK/same_$w.bin" --json
+    cp "$WORK/.out" "$WORK/eval_$w.json"
+done
+check "uint16 and uint32 files of the same ids: the same training losses" \
+    losses_match "$WORK/same_u32.jsonl" "$WORK/same_u16.jsonl" 0
+check "uint16 and uint32 files of the same ids: the same batches (--dump)" \
+    cmp "$WORK/dump_u32/batches.bin" "$WORK/dump_u16/batches.bin"
+for part in logits grads; do
+    expect_ok "uint16 and uint32 files of the same ids: step 1's $part bit for bit" "$BIN/tp-ckpt" diff \
+        "$WORK/dump_u32/$part" "$WORK/dump_u16/$part"
+done
+# same_eval A.json B.json: two evaluations (--json) of the same windows with the same loss, as printed (%.9g).
+same_eval() {
+    "$PY" -c 'import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+print("    %r and %r" % (a, b))
+sys.exit(not (a == b and a["windows"] > 0))' "$1" "$2"
+}
+check "uint16 and uint32 files of the same ids: the same eval loss" same_eval "$WORK/eval_u32.json" "$WORK/eval_u16.json"
+# One glob of both widths is one stream: eval's loss is the single file's.
+expect_ok "eval on a glob of a uint16 and a uint32 file" "$TRAIN" eval --ckpt "$WORK/l3run" --data "$WORK/mixed_*.bin" --json
+check "a glob of both widths: the eval loss of the same ids in one file" same_eval "$WORK/.out" "$WORK/eval_u16.json"
+# The pair of magic and version is checked whole: GPT-2's magic with Llama-3's version is neither format.
+"$PY" -c 'import struct, sys
+open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 7, 100, *[0] * 253) + struct.pack("<100I", *range(100)))' \
+    "$WORK/pair.bin"
+expect_error "magic 20240520 with version 7: refused, naming both known pairs" 1 \
+    "pair.bin: not a token file of a known format \(magic 20240520, version 7; known: magic 20240520 version 1, uint16 tokens .*magic 20240801 version 7, uint32 tokens" \
+    "$TRAIN" $TINY --data "$WORK/pair.bin"
+# Files shorter than a window (seq + 1 = 33) are never sampled in training, while eval's stream reads them: said
+# once, on rank 0, the first three named with their tokens, then how many more; the run goes on.
+mkdir "$WORK/shortglob"
+"$PY" - "$WORK/shortglob" <<'PYEOF'
+import sys, numpy as np
+for name, n in [("a", 40), ("b", 20), ("c", 100), ("d", 10), ("e", 32), ("f", 5), ("g", 1000)]:
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (20240520, 1, n)
+    with open("%s/%s.bin" % (sys.argv[1], name), "wb") as f:
+        f.write(header.tobytes())
+        f.write((np.arange(n) % 90).astype(np.uint16).tobytes())
+PYEOF
+expect_ok "train on a glob with files shorter than a window (2 ranks)" mpi_train 2 $TINY --steps 2 --dp 2 --micro-batch 1 \
+    --data "$WORK/shortglob/*.bin"
+check_all "files shorter than a window: one warning naming them and the window" '[ "$(grep -c "warning" "$WORK/.err")" -eq 1 ] &&
+    grep -q "^tp-train: warning: --data .*/shortglob/\*.bin: .*/shortglob/b.bin (20 tokens), .*/shortglob/d.bin (10 tokens), .*/shortglob/e.bin (32 tokens) and 1 more: hold fewer tokens than a window of 33 (--seq 32 + 1), never sampled in training" "$WORK/.err"'
+expect_ok "train on a glob of files that all hold a window" "$TRAIN" $TINY --steps 2 --data "$WORK/shortglob/[acg].bin"
+check_all "no file shorter than a window: no warning" '! grep -q "warning" "$WORK/.err"'
 # A token file changed under a running trainer: cut short, it killed the
 # trainer with SIGBUS (exit 135, no message: the file was mapped); rewritten
 # in place with ids past the vocabulary, it fed them to the embedding. Each
