@@ -217,7 +217,12 @@ int dataset_open(dataset **out, const char *pattern, int64_t vocab, uint64_t see
     d->files = calloc(num_paths, sizeof *d->files);
     int status = d->files ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < num_paths && !status; i++) {
+        errno = 0;
         status = open_file(&d->files[d->num_files], paths[i], vocab);
+        if (status && errno == EMFILE) /* each file stays open for the run */
+            status = tp_fail_context(status, "%s matches %zu files, each held open for the run; the process may open "
+                                     "fewer (ulimit -n; tp-train raises its soft limit to the hard one)",
+                                     pattern, num_paths);
         if (d->files[d->num_files].path) d->num_files++; /* closed by dataset_close, whole or not */
         if (!status) d->total += d->files[d->num_files - 1].count;
     }

@@ -632,6 +632,26 @@ check_all "files shorter than a window: one warning naming them and the window" 
     grep -q "^tp-train: warning: --data .*/shortglob/\*.bin: .*/shortglob/b.bin (20 tokens), .*/shortglob/d.bin (10 tokens), .*/shortglob/e.bin (32 tokens) and 1 more: hold fewer tokens than a window of 33 (--seq 32 + 1), never sampled in training" "$WORK/.err"'
 expect_ok "train on a glob of files that all hold a window" "$TRAIN" $TINY --steps 2 --data "$WORK/shortglob/[acg].bin"
 check_all "no file shorter than a window: no warning" '! grep -q "warning" "$WORK/.err"'
+# Every file of --data stays open for the run: 1,100 shards under a soft
+# limit of 1024 descriptors ended the run at start ("Too many open files");
+# tp-train raises its soft limit to the hard one, and where the hard one is
+# too low the error says why.
+mkdir "$WORK/many"
+"$PY" - "$WORK/many" <<'PYEOF'
+import struct, sys
+for i in range(1100):
+    open("%s/s%05d.bin" % (sys.argv[1], i), "wb").write(struct.pack("<256i", 20240520, 1, 40, *[0] * 253) +
+                                                        struct.pack("<40H", *[(i + j) % 90 for j in range(40)]))
+PYEOF
+if [ "$(ulimit -Hn)" = unlimited ] || [ "$(ulimit -Hn)" -gt 1200 ]; then
+    expect_ok "1,100 token files under a soft limit of 1024 descriptors" \
+        sh -c 'ulimit -S -n 1024 && exec "$@"' sh "$TRAIN" $TINY --steps 1 --data "$WORK/many/*.bin"
+else
+    echo "[SKIP] [$NAME] 1,100 files under a soft limit of 1024: the hard limit is $(ulimit -Hn)"
+fi
+expect_error "1,100 token files under a hard limit of 1024: said why" 1 \
+    "many/\*.bin matches 1100 files, each held open for the run; the process may open fewer \(ulimit -n" \
+    sh -c 'ulimit -n 1024 && exec "$@"' sh "$TRAIN" $TINY --steps 1 --data "$WORK/many/*.bin"
 # A token file changed under a running trainer: cut short, it killed the
 # trainer with SIGBUS (exit 135, no message: the file was mapped); rewritten
 # in place with ids past the vocabulary, it fed them to the embedding. Each
