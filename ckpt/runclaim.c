@@ -196,11 +196,31 @@ static double lease_lifetime(const ckpt_run_claim *claim, const lease *l)
     return l->period > claim->renewer.period ? l->period : claim->renewer.period;
 }
 
+/* Whether a lease's holder is provably alive: a process of this machine
+ * that runs the program its holder names ("tp-train (pid 41 on host n1,
+ * since ...)"). Only this machine's processes can be asked; a holder
+ * elsewhere is alive only while it renews. */
+static int holder_running_here(const lease *l)
+{
+    char program[64];
+    const char *end = strstr(l->holder, " (pid ");
+    if (!end || end == l->holder || (size_t)(end - l->holder) >= sizeof program) return 0;
+    memcpy(program, l->holder, (size_t)(end - l->holder));
+    program[end - l->holder] = '\0';
+    return store_process_running(l->host, l->pid, program);
+}
+
 /* The refusal of a live lease at url: a run's, or a writer's (a
- * checkpoint being written into the run directory beside no run). */
-static int refuse(const ckpt_run_claim *claim, const char *run_dir, const char *url, const lease *l)
+ * checkpoint being written into the run directory beside no run); running
+ * here: its holder is a live process of this machine (holder_running_here),
+ * else it was seen renewed. */
+static int refuse(const ckpt_run_claim *claim, const char *run_dir, const char *url, const lease *l, int running_here)
 {
     int writer = strstr(url, "/" WRITERS_DIR "/") != NULL;
+    if (running_here)
+        return tp_fail(TP_ERR_EXISTS, "%s is in use by %s%s: one run per directory (its lease %s names process %ld "
+                       "of this machine, which is running)", run_dir, l->holder,
+                       writer ? ", writing a checkpoint into it" : "", url, l->pid);
     return tp_fail(TP_ERR_EXISTS, "%s is in use by %s%s: one run per directory (its lease %s is renewed; a "
                    "crashed %s's lease lapses %.0f s after its last renewal)", run_dir, l->holder,
                    writer ? ", writing a checkpoint into it" : "", url, writer ? "writer" : "run",
@@ -219,6 +239,10 @@ static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const char
     int announced = 0;
     for (;;) {
         if (holder_gone(&seen)) return TP_OK;
+        /* A holder alive on this machine is said at once: watching its
+         * renewals would take up to a quarter period (the refusal came
+         * after a wait of up to 30 s beside a live trainer here). */
+        if (holder_running_here(&seen)) return refuse(claim, run_dir, url, &seen, 1);
         if (now_seconds() - start > lifetime) return TP_OK; /* no renewal for a period */
         /* A live run's renewal comes within a quarter of its period; a
          * wait longer than a moment (up to a period: 30 s by default) is
@@ -235,7 +259,7 @@ static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const char
         lease now;
         TP_TRY(read_lease(url, &present, &now));
         if (!present) return TP_OK; /* released */
-        if (strcmp(now.owner, seen.owner) != 0 || now.renewals != seen.renewals) return refuse(claim, run_dir, url, &now);
+        if (strcmp(now.owner, seen.owner) != 0 || now.renewals != seen.renewals) return refuse(claim, run_dir, url, &now, 0);
     }
 }
 
@@ -313,7 +337,7 @@ static int take_lease(ckpt_run_claim *claim, const char *run_dir)
         snprintf(url, sizeof url, "%s", claim->lease_url);
         claim->lease_url[0] = '\0'; /* not ours: never removed by us */
         if (!present) return tp_fail(TP_ERR_IO, "%s: the lease written there vanished", run_dir);
-        return refuse(claim, run_dir, url, &found);
+        return refuse(claim, run_dir, url, &found, 0);
     }
     /* Once this run's lease stands, renewed (a writer's lease is watched
      * for up to a period): a writer starting now sees it (the writer looks

@@ -247,6 +247,7 @@ const char *cli_path(const char *program, const char *what, const char *text)
     if (tp_url_has_user_info(text)) /* not repeated: the message would show the secret */
         cli_usage_error(program, "%s: credentials in URLs are refused (they would show in logs): give them in the "
                         "environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for s3://)", what);
+    if (tp_url_refuse_unencoded(text)) cli_usage_error(program, "%s: %s", what, tp_errmsg()); /* at once, as given */
     return text;
 }
 
@@ -259,30 +260,42 @@ int cli_compress(const char *program, const char *text)
     cli_usage_error(program, "--compress expects zstd, zstd:LEVEL (1..22) or none, got '%s'", text);
 }
 
-int cli_write_output(const char *target, int replace, store_replace_check may_replace, void *replace_ctx, int threads,
-                     int update_latest, int (*write)(void *ctx, const char *path), void *ctx)
+int cli_claim_run_output(const char *target, ckpt_run_claim **out)
 {
-    char local[CKPT_PATH_MAX];
-    TP_TRY(ckpt_output_begin(target, replace, may_replace, replace_ctx, local, sizeof local));
-    /* A checkpoint of a run directory (step_N, which becomes its `latest`)
-     * is written under a share of the run's claim: never into a run a live
-     * trainer holds (it took `latest` over, and the trainer's next saves
-     * stayed behind it), and no trainer starts there meanwhile; other such
-     * writers share it. (In an object store, a live run's lease refuses
-     * such a writer, whose own lease refuses a trainer meanwhile.) */
-    ckpt_run_claim *claim = NULL;
+    *out = NULL;
     char run_dir[CKPT_PATH_MAX], name[CKPT_PATH_MAX];
-    int status = TP_OK;
-    if (update_latest && tp_split_path(target, run_dir, sizeof run_dir, name, sizeof name) == TP_OK) {
+    /* A step_N of a run directory is the run's whatever wrote it: an output
+     * of that name becomes (or replaces) one of its checkpoints. Before,
+     * only the writers that move `latest` asked, and `tp-ckpt copy DIR
+     * URL/run/step_N` (an upload, which took no claim) replaced a live
+     * trainer's step with --force. */
+    if (tp_split_path(target, run_dir, sizeof run_dir, name, sizeof name) != TP_OK || ckpt_step_of_name(name) < 0)
+        return TP_OK;
+    if (!ckpt_is_remote(target)) {
         /* Said as any output's missing parent is (store_stage), not as the
          * claim's lock file that cannot be made in it. */
         store_stat parent = {0};
-        if (!ckpt_is_remote(target)) status = store_posix()->stat(store_posix(), run_dir, &parent);
-        if (!status && !ckpt_is_remote(target) && !parent.exists)
-            status = tp_fail(TP_ERR_NOT_FOUND, "%s: parent directory %s does not exist", target, run_dir);
-        if (!status) status = ckpt_run_claim_share(run_dir, program_invocation_short_name, &claim);
+        TP_TRY(store_posix()->stat(store_posix(), run_dir, &parent));
+        if (!parent.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: parent directory %s does not exist", target, run_dir);
     }
-    if (!status) status = write(ctx, local);
+    return ckpt_run_claim_share(run_dir, program_invocation_short_name, out);
+}
+
+int cli_write_output(const char *target, int replace, store_replace_check may_replace, void *replace_ctx, int threads,
+                     int update_latest, int (*write)(void *ctx, const char *path), void *ctx)
+{
+    /* The run's claim first: a live run refuses this output before its
+     * target is even looked at (in an object store, a live run's lease
+     * refuses such a writer, whose own lease refuses a trainer meanwhile). */
+    ckpt_run_claim *claim = NULL;
+    TP_TRY(cli_claim_run_output(target, &claim));
+    char local[CKPT_PATH_MAX];
+    int status = ckpt_output_begin(target, replace, may_replace, replace_ctx, local, sizeof local);
+    if (status) {
+        ckpt_run_claim_release(claim);
+        return status;
+    }
+    status = write(ctx, local);
     ckpt_upload_options upload;
     ckpt_upload_options_init(&upload);
     upload.replace = replace;

@@ -120,6 +120,14 @@ int cli_catch_signal(int sig, void (*handler)(int));
  * thread can be started. */
 int cli_clean_up_on_signals(void);
 
+/* The share of its run directory's claim (ckpt_run_claim_share) that an
+ * output named RUN/step_N is written under, *out NULL for any other: never
+ * into a run a live trainer holds (its lock, or in an object store its
+ * lease), whatever writes it (synth, import, copy, export, tp-reshard, in
+ * any format), and no trainer starts there meanwhile. Taken before anything
+ * is written; released with ckpt_run_claim_release. */
+int cli_claim_run_output(const char *target, ckpt_run_claim **out);
+
 /* Writes a checkpoint output at target, local or remote: write(ctx, path)
  * writes it at path, which is target itself when local, or a local copy
  * that is then uploaded (ckpt_output_begin/finish; `latest` of a remote

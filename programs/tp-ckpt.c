@@ -1488,7 +1488,10 @@ static int cmd_copy(int argc, char **argv)
     int status;
     if (!ckpt_is_remote(resolved)) { /* straight up: no local copy needed */
         upload.update_latest = update_latest;
-        status = ckpt_upload(resolved, target, &upload);
+        ckpt_run_claim *claim = NULL; /* as every writer of a step into a run directory (cli_write_output) */
+        status = cli_claim_run_output(target, &claim);
+        if (!status) status = ckpt_upload(resolved, target, &upload);
+        ckpt_run_claim_release(claim);
     } else {
         copy_job job = {resolved, &upload};
         status = cli_write_output(target, force, ckpt_may_replace_checkpoint, NULL, threads, update_latest, download_into,

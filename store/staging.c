@@ -97,6 +97,24 @@ int store_process_gone(const char *host, long pid)
     return !strcmp(here, host) && pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }
 
+int store_process_running(const char *host, long pid, const char *program)
+{
+    char here[64], path[64], comm[32] = "";
+    store_host_name(here, sizeof here);
+    if (strcmp(here, host) || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno != EPERM)) return 0;
+    /* The pid alone could be another's by now (the holder died and its pid
+     * was handed out again): its name must be the holder's program. */
+    snprintf(path, sizeof path, "/proc/%ld/comm", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(comm, 1, sizeof comm - 1, f);
+    fclose(f);
+    comm[n] = '\0';
+    comm[strcspn(comm, "\n")] = '\0';
+    size_t kept = strlen(program) < 15 ? strlen(program) : 15; /* the kernel keeps 15 bytes of a name */
+    return kept && strlen(comm) == kept && strncmp(comm, program, kept) == 0;
+}
+
 int store_staging_owner(char *out, size_t out_size)
 {
     char host[64];

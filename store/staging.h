@@ -122,6 +122,11 @@ void store_host_name(char *out, size_t out_size);
  * gone: host is this machine and no such process runs. Another machine's
  * is never known gone. */
 int store_process_gone(const char *host, long pid);
+/* Whether the process pid of host is known to be alive and running
+ * program: host is this machine, such a process runs, and its name (the
+ * kernel's, /proc/PID/comm, at most 15 bytes) is program's. A pid taken by
+ * another program since is not it; another machine's is never known. */
+int store_process_running(const char *host, long pid, const char *program);
 /* "<parent>/.<base>.<owner>.staging": where owner writes path before it is
  * published (owner NULL: this process); out_size at least TP_PATH_MAX. */
 int store_staging_path(const char *path, const char *owner, char *out, size_t out_size);

@@ -174,8 +174,10 @@ first=$!
 n=0
 while ! lease_of r1 >/dev/null && [ $n -lt 200 ]; do sleep 0.1; n=$((n + 1)); done
 check "a trainer's lease names it" sh -c "curl -s -f '$U/r1/.tp-run.lease' | grep -q '\"pid\":$first'"
+# Its holder is a live process of this machine: refused at once, where it
+# was watched for renewals (up to a lease period).
 expect_error "a second trainer (another cache) refused by the live lease" 1 \
-    "$U/r1 is in use by tp-train \(pid $first $HOST_PATTERN.*its lease $U/r1/.tp-run.lease is renewed" \
+    "$U/r1 is in use by tp-train \(pid $first $HOST_PATTERN.*its lease $U/r1/.tp-run.lease names process $first of this machine, which is running" \
     "$TRAIN" --model small --quiet --steps 3 --ckpt-every 1 --ckpt-dir "$U/r1" --ckpt-cache "$WORK/cache-b" --resume
 check "the refused trainer uploaded nothing" [ ! -e "$WORK/dav/r1/step_00000001" ]
 # On its way out, the refused trainer deleted the live run's lease (it had
@@ -185,7 +187,7 @@ check "and left the live run's lease in place, naming the live run" sh -c "curl 
 # A writer of a step into the live run: refused by its lease (it took the
 # run's `latest` over, as in a local run directory).
 expect_error "tp-ckpt synth -o a live run's step_N in an object store: refused by its lease, naming the trainer" 1 \
-    "$U/r1 is in use by tp-train \(pid $first $HOST_PATTERN.*its lease $U/r1/.tp-run.lease is renewed" \
+    "$U/r1 is in use by tp-train \(pid $first $HOST_PATTERN.*its lease $U/r1/.tp-run.lease names process $first of this machine, which is running" \
     "$CK" synth -o "$U/r1/step_00199999" --step 199999 --tp 1 --pp 1 --model tiny
 check "and sent nothing there" sh -c "! curl -s -f '$U/r1/step_00199999/index.json' >/dev/null && ! curl -s -f '$U/r1/latest' | grep -q 199999"
 kill -9 $first
