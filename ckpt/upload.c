@@ -496,13 +496,25 @@ typedef struct {
 static int put_shard_file(const char *local, const char *remote, int64_t bytes, int threads)
 {
     TP_TRY(store_put_file(remote, local, 0, bytes, threads));
-    const store_ops *store;
-    store_stat st;
-    TP_TRY(store_for(remote, &store));
-    TP_TRY(store->stat(store, remote, &st));
-    if (!st.exists || st.size != bytes)
-        return tp_fail(TP_ERR_IO, "%s: %lld bytes arrived of %lld sent", remote, (long long)st.size,
-                       (long long)bytes);
+    return store_check_kept(remote, NULL, bytes); /* its bytes are checked by its block checksums when read */
+}
+
+/* index.json (or the file naming a foreign checkpoint's others) up as
+ * remote, and read back whole: it is small, and it is what makes the
+ * checkpoint exist. An index PUT answered 201 but not kept (or kept with a
+ * byte changed) gave "copied", exit 0, and a `latest` naming a checkpoint
+ * that no reader could open. A damaged one is removed rather than left
+ * for a reader to meet as damage: its upload failed, nothing more. */
+static int put_index(const char *remote, const void *data, size_t size)
+{
+    TP_TRY(store_put_data(remote, data, size));
+    int status = store_check_kept(remote, data, (int64_t)size);
+    if (status) {
+        char message[2048];
+        snprintf(message, sizeof message, "%s", tp_errmsg());
+        store_delete(remote);
+        return tp_fail(status, "%s", message);
+    }
     return TP_OK;
 }
 
@@ -761,7 +773,7 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
                               upload_shard, &job);
     tp_fault_point("upload-before-index");
     if (!status) status = claim_check(claim);
-    if (!status) status = store_put_data(remote_index, text, (size_t)text_size);
+    if (!status) status = put_index(remote_index, text, (size_t)text_size); /* before `latest` moves */
     int committed = !status;
     if (committed && replace) status = remove_stale(url, &index);
     /* `latest` is part of the upload: a checkpoint up without it (a signal
@@ -830,7 +842,7 @@ int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_
     TP_TRY(ckpt_index_from_parts(layout, state, descriptions, count, url, &json, bytes));
     tp_fault_point("upload-before-index");
     int status = ckpt_run_claim_check(claim);
-    if (!status) status = store_put_data(remote_index, json, strlen(json));
+    if (!status) status = put_index(remote_index, json, strlen(json)); /* before `latest` moves */
     free(json);
     if (status || !update_latest) return status;
     tp_fault_point("before-latest");
@@ -865,6 +877,8 @@ int ckpt_upload_latest(const char *checkpoint_url)
 
 /* ------------------------------------------------- files other than checkpoints */
 
+static int names_an_index(const char *name);
+
 typedef struct {
     const char *local, *url;
     char (*names)[CKPT_NAME_MAX + 1];
@@ -882,7 +896,20 @@ static int upload_named(void *ctx, int64_t i, int thread)
     TP_TRY(tp_path_join(remote, j->url, j->names[i]));
     store_stat st;
     TP_TRY(store_posix()->stat(store_posix(), local, &st));
-    TP_TRY(store_put_file(remote, local, 0, st.size, 1));
+    if (names_an_index(j->names[i]) && st.size <= CKPT_INDEX_MAX_BYTES) { /* read back whole, as index.json */
+        char *data = malloc(st.size ? (size_t)st.size : 1);
+        store_file *file = NULL;
+        int status = data ? store_posix()->open(store_posix(), local, STORE_OPEN_READ, &file)
+                          : tp_fail(TP_ERR_NOMEM, "out of memory reading %s", local);
+        if (!status) status = store_posix()->read_at(file, data, (size_t)st.size, 0);
+        if (file) store_posix()->close(file);
+        if (!status) status = put_index(remote, data, (size_t)st.size);
+        free(data);
+        TP_TRY(status);
+    } else {
+        TP_TRY(store_put_file(remote, local, 0, st.size, 1));
+        TP_TRY(store_check_kept(remote, NULL, st.size));
+    }
     if (j->options && j->options->on_file) j->options->on_file(j->options->ctx, st.size);
     return TP_OK;
 }

@@ -93,6 +93,34 @@ int store_read_text_file(const char *path, int64_t max_bytes, char **out, int64_
     return store_read_text(storage, path, max_bytes, out, size_out);
 }
 
+int store_check_kept(const char *url, const void *data, int64_t size)
+{
+    const store_ops *storage;
+    TP_TRY(store_for(url, &storage));
+    store_stat st = {0};
+    TP_TRY(storage->stat(storage, url, &st));
+    if (!st.exists || st.is_dir || st.size != size)
+        return tp_fail(TP_ERR_IO, "%s: %lld bytes arrived of %lld sent%s", url, (long long)(st.exists ? st.size : 0),
+                       (long long)size, st.exists ? "" : " (nothing is there, though its PUT was answered as done)");
+    if (!data || size == 0) return TP_OK;
+    store_file *file = NULL;
+    TP_TRY(storage->open(storage, url, STORE_OPEN_READ, &file));
+    unsigned char *kept = malloc((size_t)size);
+    int status = kept ? storage->read_at(file, kept, (size_t)size, 0)
+                      : tp_fail(TP_ERR_NOMEM, "out of memory reading %s back", url);
+    storage->close(file);
+    if (!status) {
+        const unsigned char *sent = data;
+        int64_t at = 0;
+        while (at < size && kept[at] == sent[at]) at++;
+        if (at < size)
+            status = tp_fail(TP_ERR_IO, "%s: the store kept other bytes than were sent: byte %lld of %lld is 0x%02x, "
+                             "0x%02x was sent", url, (long long)at, (long long)size, kept[at], sent[at]);
+    }
+    free(kept);
+    return status;
+}
+
 struct store_hold {
     const store_ops *storage;
     store_file *lock;

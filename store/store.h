@@ -193,6 +193,16 @@ int store_read_text(const store_ops *storage, const char *path, int64_t max_byte
 /* store_read_text in the store of the path (store_for): a local file or a URL. */
 int store_read_text_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out);
 
+/* What a store kept of an object whose PUT it answered as done, the one
+ * check of it for every upload: a store (or a gateway in front of it) can
+ * answer 201 and keep nothing, part, or other bytes, and an upload that
+ * trusted the answer said "copied" over a checkpoint no one can read.
+ * TP_OK when url holds size bytes and, with data, exactly those (read
+ * back: for small objects, an index); else TP_ERR_IO naming url and what
+ * arrived ("363504 bytes arrived of 363514 sent", or the first byte that
+ * differs), or the store's failure to answer. */
+int store_check_kept(const char *url, const void *data, int64_t size);
+
 /* A shared lock on the file or directory at path (a local path or a URL),
  * held while another tool's checkpoint is read from it: a replacement of
  * it (--force, store_staged_publish) waits for or refuses its readers, as
