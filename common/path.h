@@ -49,6 +49,12 @@ int tp_path_within(const char *path, const char *outer, int *within);
  * every message would then repeat. */
 int tp_url_has_user_info(const char *path);
 
+/* TP_OK, or TP_ERR_ARG naming an http(s) URL that holds a byte a URL
+ * cannot carry as it is (a space, a control character) and its
+ * %-encoded spelling: such a URL is refused, never encoded for the user
+ * (path.c says why). Other paths, s3:// URLs among them, are TP_OK. */
+int tp_url_refuse_unencoded(const char *path);
+
 /* Where temporary files go: $TMPDIR when set and not empty, else /tmp. */
 const char *tp_temporary_dir(void);
 

@@ -70,6 +70,17 @@ int object_answer_error(const char *method, const char *path, const http_respons
                        !strncmp(path, "s3://", 5) ? " (AWS_ACCESS_KEY_ID and its secret key, or the profile "
                                                     "of the credentials file) and the bucket's permissions"
                                                   : " and the server's permissions");
+    /* S3 answers a request signed for another region than the bucket's
+     * (AWS_REGION wrong) 400, and to a HEAD with no body to say so: "HTTP
+     * 400" alone named neither, where a 403 names the credentials. */
+    if (r->code == 400 && !code[0] && !strncmp(path, "s3://", 5)) {
+        char region[160];
+        object_s3_region(region, sizeof region);
+        return tp_fail(TP_ERR_IO, "%s %s: HTTP 400 with no reason given%s: from S3 this most often means a request "
+                       "signed for another region than the bucket's (these are signed for %s; set AWS_REGION or "
+                       "AWS_DEFAULT_REGION to the bucket's), or a bucket name S3 does not accept", method, path,
+                       !strcmp(method, "HEAD") ? " (the answer to a HEAD has no body)" : "", region);
+    }
     return tp_fail(TP_ERR_IO, "%s %s: HTTP %ld%s%s", method, path, r->code, detail,
                    http_status_transient(r->code) ? " (after retries)" : "");
 }

@@ -41,6 +41,10 @@ int object_call_ok(const store_ops *s, const object_call *c, http_response *r);
  * user, never a secret. */
 int object_answer_error(const char *method, const char *path, const http_response *r);
 
+/* The region S3 requests are signed for and where it came from, for
+ * errors: "eu-west-1, from AWS_REGION" (s3.c). */
+void object_s3_region(char *out, size_t size);
+
 /* host[:port] of an http(s) URL, and where its path starts; URLs with user
  * information are refused. */
 int object_split_authority(const char *url, char *host, size_t host_size, const char **path_out);

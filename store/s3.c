@@ -36,6 +36,7 @@ typedef struct {
     char error[512];
     char endpoint[512]; /* scheme://host[:port], no trailing slash; "" on AWS */
     char region[64];
+    const char *region_from; /* where region came from, for errors: "from AWS_REGION", ... */
     char access_key[256], secret_key[256];
     char *session_token;
     int path_style;
@@ -99,6 +100,9 @@ static void s3_configure(void)
     const char *endpoint = env("AWS_ENDPOINT_URL_S3") ? env("AWS_ENDPOINT_URL_S3") : env("AWS_ENDPOINT_URL");
     const char *region = env("AWS_REGION") ? env("AWS_REGION") : env("AWS_DEFAULT_REGION");
     snprintf(s3.region, sizeof s3.region, "%s", region ? region : "us-east-1");
+    s3.region_from = env("AWS_REGION")   ? "from AWS_REGION"
+                     : region             ? "from AWS_DEFAULT_REGION"
+                                          : "the default: neither AWS_REGION nor AWS_DEFAULT_REGION is set";
     if (endpoint) {
         snprintf(s3.endpoint, sizeof s3.endpoint, "%s", endpoint);
         size_t n = strlen(s3.endpoint);
@@ -138,6 +142,12 @@ typedef struct {
     char host[512];
     char path[TP_PATH_MAX + 128];
 } target;
+
+void object_s3_region(char *out, size_t size)
+{
+    pthread_once(&s3_once, s3_configure);
+    snprintf(out, size, "%s, %s", s3.region, s3.region_from);
+}
 
 /* The request target of an s3:// URL and an optional query (decoded pairs). */
 static int resolve(const char *path, const sigv4_pair *query, int num_query, target *t)

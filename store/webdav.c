@@ -19,6 +19,7 @@ static int webdav_send(const object_call *c, http_response *r)
 {
     char host[512], url[TP_PATH_MAX + 2];
     const char *rest;
+    TP_TRY(tp_url_refuse_unencoded(c->path)); /* every request passes here */
     TP_TRY(object_split_authority(c->path, host, sizeof host, &rest));
     if (strchr(rest, '?') || strchr(rest, '#') || c->num_query)
         return tp_fail(TP_ERR_ARG, "%s: a checkpoint URL takes no query or fragment", c->path);
