@@ -177,3 +177,21 @@ Test(path, canonical_urls)
     char small[8];
     cr_assert_eq(tp_path_canonical("s3://bkt/run", small, sizeof small), TP_ERR_ARG, "too long for out");
 }
+
+/* An http(s) URL holding a space (or a control character) is refused,
+ * naming its %-encoded spelling: curl refused it after a retry as "URL
+ * using bad/illegal format", and encoding it for the user would give one
+ * resource two spellings that comparisons of URLs take as two. s3:// keys
+ * and local paths take a space as they always did. */
+Test(path, an_http_url_with_a_space_is_refused_naming_its_encoded_spelling)
+{
+    cr_assert_eq(tp_url_refuse_unencoded("http://h:81/my run/step_1"), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "http://h:81/my run/step_1: a space in an http(s) URL"), "%s", tp_errmsg());
+    cr_assert(strstr(tp_errmsg(), "write it %20 (http://h:81/my%20run/step_1)"), "%s", tp_errmsg());
+    cr_assert_eq(tp_url_refuse_unencoded("https://h/a\tb"), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "a control character in an http(s) URL is not sent as it is: write it %09 "
+                                  "(https://h/a%09b)"), "%s", tp_errmsg());
+    cr_assert_eq(tp_url_refuse_unencoded("http://h/my%20run"), TP_OK);
+    cr_assert_eq(tp_url_refuse_unencoded("s3://bucket/my run/step_1"), TP_OK);
+    cr_assert_eq(tp_url_refuse_unencoded("/tmp/my run/step_1"), TP_OK);
+}

@@ -20,6 +20,10 @@ everything). One rule a line, the first that matches a request applies:
                     error page)
              sleep  waits ARG seconds, then relays (a server too slow)
              drop   closes the connection without answering
+             fakeok answers a PUT (or MKCOL) 201 without relaying it: a store
+                    that says it kept what it did not
+             flipput relays a PUT with one byte of its body changed (the
+                    middle one): a store that keeps other bytes
   METHOD     the request's method (PROPFIND, GET, HEAD, PUT...), or * for any
   SUBSTRING  what the request's path must contain
   COUNT      how many matching requests the rule takes (its first COUNT since
@@ -124,6 +128,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return
             if action == "sleep":
                 time.sleep(float(arg or "10"))
+            if action == "fakeok":
+                return self.answer(201 if self.command in ("PUT", "MKCOL") else 200)
+            if action == "flipput" and body:
+                changed = bytearray(body)
+                changed[len(changed) // 2] ^= 0xFF
+                body = bytes(changed)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")}
         conn = http.client.HTTPConnection("127.0.0.1", ARGS.upstream, timeout=600)
         try:
