@@ -49,6 +49,10 @@
 #define LEASE_DEFAULT_SECONDS 30
 #define LEASE_MIN_SECONDS 2
 #define LEASE_MAX_SECONDS 3600
+/* How long a lease's holder running on this machine is watched before it
+ * is refused: a process that is ending (its launch torn down) is gone
+ * within it; a live run's stays. */
+#define RUNNING_GRACE_SECONDS 1.0
 
 struct ckpt_run_claim {
     store_file *lock;               /* the local lock (the run directory, or a remote one's cache) */
@@ -239,10 +243,13 @@ static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const char
     int announced = 0;
     for (;;) {
         if (holder_gone(&seen)) return TP_OK;
-        /* A holder alive on this machine is said at once: watching its
-         * renewals would take up to a quarter period (the refusal came
-         * after a wait of up to 30 s beside a live trainer here). */
-        if (holder_running_here(&seen)) return refuse(claim, run_dir, url, &seen, 1);
+        /* A holder running on this machine is refused at once rather than
+         * watched for renewals (up to 30 s beside a live trainer here), but
+         * for a moment's grace: one whose launch is being torn down (a rank
+         * died, tp-elastic relaunches at once) is still exiting, and goes. */
+        int running_here = holder_running_here(&seen);
+        if (running_here && now_seconds() - start >= RUNNING_GRACE_SECONDS)
+            return refuse(claim, run_dir, url, &seen, 1);
         if (now_seconds() - start > lifetime) return TP_OK; /* no renewal for a period */
         /* A live run's renewal comes within a quarter of its period; a
          * wait longer than a moment (up to a period: 30 s by default) is
@@ -254,12 +261,14 @@ static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const char
             store_notify(text);
             announced = 1;
         }
-        sleep_seconds(claim->renewer.period / 8); /* a renewal seen soon, however long the lifetime */
+        /* A renewal seen soon, however long the lifetime; a running holder's
+         * end within the grace. */
+        sleep_seconds(running_here ? RUNNING_GRACE_SECONDS / 10 : claim->renewer.period / 8);
         int present = 0;
         lease now;
         TP_TRY(read_lease(url, &present, &now));
         if (!present) return TP_OK; /* released */
-        if (strcmp(now.owner, seen.owner) != 0 || now.renewals != seen.renewals) return refuse(claim, run_dir, url, &now, 0);
+        if (strcmp(now.owner, seen.owner) != 0 || now.renewals != seen.renewals) return refuse(claim, run_dir, url, &now, holder_running_here(&now));
     }
 }
 

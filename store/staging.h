@@ -123,8 +123,9 @@ void store_host_name(char *out, size_t out_size);
  * is never known gone. */
 int store_process_gone(const char *host, long pid);
 /* Whether the process pid of host is known to be alive and running
- * program: host is this machine, such a process runs, and its name (the
- * kernel's, /proc/PID/comm, at most 15 bytes) is program's. A pid taken by
+ * program: host is this machine, such a process runs (an ended one not yet
+ * reaped does not), and its name (the kernel's, /proc/PID/comm, at most 15
+ * bytes) is program's. A pid taken by
  * another program since is not it; another machine's is never known. */
 int store_process_running(const char *host, long pid, const char *program);
 /* "<parent>/.<base>.<owner>.staging": where owner writes path before it is
