@@ -97,15 +97,7 @@ else
     check "nothing of it is on the server" [ ! -e "$DAV/trun/step_00000020" ]
 
     # --- 3. what the store kept of an index: read back before `latest` moves.
-    rm -f "$WORK/proxy.port"
-    RULES="$WORK/rules"
-    : >"$RULES"
-    /usr/bin/python3 "$ROOT/tests/support/fault_proxy.py" --upstream "${U##*:}" --rules "$RULES" \
-        --port-file "$WORK/proxy.port" --log "$WORK/proxy.log" 2>"$WORK/proxy.err" &
-    PROXY_PID=$!
-    n=0
-    while [ ! -s "$WORK/proxy.port" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
-    P="http://127.0.0.1:$(cat "$WORK/proxy.port")"
+    fault_proxy_start "$U"
     expect_ok "copy step 20 through the proxy" "$CK" copy "$WORK/s20" "$P/k/step_00000020"
     echo "fakeok PUT step_00000050/index.json always" >"$RULES.tmp" && mv "$RULES.tmp" "$RULES"
     expect_error "an index PUT answered 201 but not kept: the upload fails, naming it" 1 \

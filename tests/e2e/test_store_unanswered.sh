@@ -46,14 +46,7 @@ objstore_stop_at_exit stop_proxy
 RULES="$WORK/rules"
 proxy() {
     stop_proxy
-    rm -f "$WORK/proxy.port"
-    : >"$RULES"
-    /usr/bin/python3 "$ROOT/tests/support/fault_proxy.py" --upstream "${1##*:}" --rules "$RULES" \
-        --port-file "$WORK/proxy.port" --log "$WORK/proxy.log" 2>"$WORK/proxy.err" &
-    PROXY_PID=$!
-    n=0
-    while [ ! -s "$WORK/proxy.port" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
-    P="http://127.0.0.1:$(cat "$WORK/proxy.port")"
+    fault_proxy_start "$1"
 }
 rules() {
     : >"$RULES.tmp"

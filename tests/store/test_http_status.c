@@ -7,21 +7,14 @@
 #include <string.h>
 
 #include "../../store/http.h"
+#include "../support/http_answer.h"
 
-static http_response answer(long code, const char *body)
-{
-    http_response r;
-    memset(&r, 0, sizeof r);
-    r.code = code;
-    snprintf(r.error_body, sizeof r.error_body, "%s", body);
-    return r;
-}
 
 Test(http_status, slow_down_and_too_many_requests_are_throttling)
 {
-    http_response slow = answer(503, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
+    http_response slow = http_answer(503, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
                                      "<Message>Please reduce your request rate.</Message></Error>");
-    http_response many = answer(429, "");
+    http_response many = http_answer(429, "");
     cr_assert(http_status_throttled("GET", &slow), "S3's 503 SlowDown");
     cr_assert(http_status_throttled("GET", &many), "429 Too Many Requests");
     cr_assert(http_status_transient(slow.code) && http_status_transient(many.code));
@@ -29,10 +22,10 @@ Test(http_status, slow_down_and_too_many_requests_are_throttling)
 
 Test(http_status, other_failures_are_not_throttling)
 {
-    http_response unavailable = answer(503, "<Error><Code>ServiceUnavailable</Code></Error>");
-    http_response internal = answer(500, "<Error><Code>InternalError</Code></Error>");
-    http_response slow_in_message = answer(503, "<Error><Code>InternalError</Code><Message>SlowDown</Message></Error>");
-    http_response denied = answer(403, "<Error><Code>SlowDown</Code></Error>"); /* only with 503 */
+    http_response unavailable = http_answer(503, "<Error><Code>ServiceUnavailable</Code></Error>");
+    http_response internal = http_answer(500, "<Error><Code>InternalError</Code></Error>");
+    http_response slow_in_message = http_answer(503, "<Error><Code>InternalError</Code><Message>SlowDown</Message></Error>");
+    http_response denied = http_answer(403, "<Error><Code>SlowDown</Code></Error>"); /* only with 503 */
     cr_assert_not(http_status_throttled("GET", &unavailable), "a 503 of another cause: a retry like any 5xx");
     cr_assert_not(http_status_throttled("GET", &internal));
     cr_assert_not(http_status_throttled("GET", &slow_in_message), "the word in the message is not the code");
@@ -48,10 +41,10 @@ Test(http_status, other_failures_are_not_throttling)
  * with 600 s allowed. */
 Test(http_status, a_bare_503_to_a_head_is_throttling)
 {
-    http_response bare = answer(503, "");
+    http_response bare = http_answer(503, "");
     cr_assert(http_status_throttled("HEAD", &bare), "a HEAD's 503 cannot say SlowDown: it is taken as such");
     cr_assert_not(http_status_throttled("GET", &bare), "a GET's 503 says its cause in its body");
-    http_response not_found = answer(404, ""), internal = answer(500, "");
+    http_response not_found = http_answer(404, ""), internal = http_answer(500, "");
     cr_assert_not(http_status_throttled("HEAD", &not_found));
     cr_assert_not(http_status_throttled("HEAD", &internal), "a 500 is a failure, whatever the method");
 }

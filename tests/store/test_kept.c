@@ -17,6 +17,7 @@
 #include "../../store/object.h"
 #include "../../store/staging.h"
 #include "../../store/store.h"
+#include "../support/http_answer.h"
 
 static char dir[64];
 
@@ -54,19 +55,11 @@ Test(kept, the_size_and_the_bytes_kept_are_those_sent)
     rmdir(dir);
 }
 
-static http_response answer(long code, const char *body)
-{
-    http_response r;
-    memset(&r, 0, sizeof r);
-    r.code = code;
-    snprintf(r.error_body, sizeof r.error_body, "%s", body);
-    return r;
-}
 
 Test(kept, a_bare_400_from_s3_names_the_region_used)
 {
     setenv("AWS_REGION", "eu-west-1", 1); /* read once, at the first use of S3 in this (forked) test */
-    http_response bare = answer(400, "");
+    http_response bare = http_answer(400, "");
     cr_assert_eq(object_answer_error("HEAD", "s3://bkt/run/index.json", &bare), TP_ERR_IO);
     cr_assert(strstr(tp_errmsg(), "HEAD s3://bkt/run/index.json: HTTP 400 with no reason given (the answer to a HEAD has "
                                   "no body)"), "%s", tp_errmsg());
@@ -74,7 +67,7 @@ Test(kept, a_bare_400_from_s3_names_the_region_used)
               "%s", tp_errmsg());
     cr_assert(strstr(tp_errmsg(), "or a bucket name S3 does not accept"), "%s", tp_errmsg());
     /* A 400 that says why is said as S3 said it; a WebDAV server's is no S3's. */
-    http_response said = answer(400, "<Error><Code>InvalidBucketName</Code><Message>bad</Message></Error>");
+    http_response said = http_answer(400, "<Error><Code>InvalidBucketName</Code><Message>bad</Message></Error>");
     cr_assert_eq(object_answer_error("GET", "s3://b/k", &said), TP_ERR_IO);
     cr_assert(strstr(tp_errmsg(), "GET s3://b/k: HTTP 400 InvalidBucketName: bad"), "%s", tp_errmsg());
     cr_assert_null(strstr(tp_errmsg(), "region"), "%s", tp_errmsg());
@@ -86,7 +79,7 @@ Test(kept, the_default_region_is_said_as_the_default)
 {
     unsetenv("AWS_REGION");
     unsetenv("AWS_DEFAULT_REGION");
-    http_response bare = answer(400, "");
+    http_response bare = http_answer(400, "");
     object_answer_error("PUT", "s3://bkt/k", &bare);
     cr_assert(strstr(tp_errmsg(), "PUT s3://bkt/k: HTTP 400 with no reason given: from S3"), "%s", tp_errmsg());
     cr_assert(strstr(tp_errmsg(), "signed for us-east-1, the default: neither AWS_REGION nor AWS_DEFAULT_REGION is "

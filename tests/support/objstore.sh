@@ -439,3 +439,19 @@ s3cmd_run() {
     command -v s3cmd >/dev/null 2>&1 || { _objstore_err "s3cmd is not installed"; return 127; }
     s3cmd -c "$_S3_DIR/s3cmd.cfg" "$@"
 }
+
+# fault_proxy_start UPSTREAM_URL: tests/support/fault_proxy.py in front of
+# the server at UPSTREAM_URL (its port), its rules in $RULES ($WORK/rules,
+# emptied: everything relayed), its pid in PROXY_PID (the caller stops it),
+# its URL in P once it listens.
+fault_proxy_start() {
+    rm -f "$WORK/proxy.port"
+    RULES="$WORK/rules"
+    : >"$RULES"
+    /usr/bin/python3 "$ROOT/tests/support/fault_proxy.py" --upstream "${1##*:}" --rules "$RULES" \
+        --port-file "$WORK/proxy.port" --log "$WORK/proxy.log" 2>"$WORK/proxy.err" &
+    PROXY_PID=$!
+    _n=0
+    while [ ! -s "$WORK/proxy.port" ] && [ $_n -lt 100 ]; do sleep 0.1; _n=$((_n + 1)); done
+    P="http://127.0.0.1:$(cat "$WORK/proxy.port")"
+}
