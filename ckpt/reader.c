@@ -373,8 +373,12 @@ static int open_file_once(ckpt_reader *r, int f)
                          : TP_OK;
         /* Reads from a store never parse the metadata: checked only when
          * asked (verify), a ranged read per gap between the data extents. */
-        if (!status && r->options.check_metadata && r->index.files[f].has_meta_checksum)
+        if (!status && r->options.check_metadata && r->index.files[f].has_meta_checksum) {
             status = check_file_metadata(r, f);
+            /* A request that failed names its URL, not the file it was for. */
+            if (status && status != TP_ERR_CHECKSUM && status != TP_ERR_NOT_FOUND)
+                tp_fail_context(status, "%s: reading its metadata", fr->path);
+        }
         if (status) {
             r->storage->close(fr->data);
             fr->data = NULL;
