@@ -166,6 +166,9 @@ void ckpt_padded_shape(const ckpt_tensor_desc *tensor, int tp, int64_t shape_out
 /* Bytes of the tensor stored at degree tp, padding included: its pieces together. */
 int64_t ckpt_padded_bytes(const ckpt_tensor_desc *tensor, int tp);
 
+/* A shape as listings and messages write it, "[192, 64]" (cut to size). */
+void ckpt_shape_text(const int64_t *shape, int ndim, char *out, size_t size);
+
 /* Rows per checksum block (and zstd chunk) in pieces a writer stores at
  * degree tp: about 1 MiB of data, at least one row. */
 int64_t ckpt_piece_block_rows(const ckpt_tensor_desc *tensor, int tp);

@@ -289,6 +289,14 @@ int64_t ckpt_padded_bytes(const ckpt_tensor_desc *tensor, int tp)
     return bytes;
 }
 
+void ckpt_shape_text(const int64_t *shape, int ndim, char *out, size_t size)
+{
+    int n = snprintf(out, size, "[");
+    for (int d = 0; d < ndim && n < (int)size; d++)
+        n += snprintf(out + n, size - (size_t)n, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (n < (int)size) snprintf(out + n, size - (size_t)n, "]");
+}
+
 int ckpt_tensor_stage(const ckpt_tensor_desc *tensor, const ckpt_layout *layout)
 {
     switch (tensor->anchor) {

@@ -897,13 +897,10 @@ static int upload_named(void *ctx, int64_t i, int thread)
     store_stat st;
     TP_TRY(store_posix()->stat(store_posix(), local, &st));
     if (names_an_index(j->names[i]) && st.size <= CKPT_INDEX_MAX_BYTES) { /* read back whole, as index.json */
-        char *data = malloc(st.size ? (size_t)st.size : 1);
-        store_file *file = NULL;
-        int status = data ? store_posix()->open(store_posix(), local, STORE_OPEN_READ, &file)
-                          : tp_fail(TP_ERR_NOMEM, "out of memory reading %s", local);
-        if (!status) status = store_posix()->read_at(file, data, (size_t)st.size, 0);
-        if (file) store_posix()->close(file);
-        if (!status) status = put_index(remote, data, (size_t)st.size);
+        char *data;
+        int64_t size;
+        TP_TRY(store_read_file(local, CKPT_INDEX_MAX_BYTES, &data, &size));
+        int status = put_index(remote, data, (size_t)size);
         free(data);
         TP_TRY(status);
     } else {

@@ -797,14 +797,6 @@ static int larger_first(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : *(const int *)a - *(const int *)b;
 }
 
-static void shape_text(const int64_t *shape, int ndim, char *out, size_t size)
-{
-    int n = snprintf(out, size, "[");
-    for (int k = 0; k < ndim && n > 0 && (size_t)n < size; k++)
-        n += snprintf(out + n, size - (size_t)n, "%s%lld", k ? ", " : "", (long long)shape[k]);
-    if (n > 0 && (size_t)n < size) snprintf(out + n, size - (size_t)n, "]");
-}
-
 /* The rows of tensor i's parts: where the target's segments give each
  * part's rows (fused QKV: [q, k, v]; SwiGLU: [gate, up]), each must have
  * its own, not only their sum (q and k of swapped widths would put K's rows
@@ -825,7 +817,7 @@ static int check_part_rows(const importer *im, int i, int64_t rows)
     size_t n = 0;
     for (int k = 0; k < e->num_parts && n < sizeof parts; k++) {
         const safetensors_info *s = &im->sources[i][k]->info;
-        shape_text(s->shape, s->ndim, shape, sizeof shape);
+        ckpt_shape_text(s->shape, s->ndim, shape, sizeof shape);
         const char *file = strrchr(s->file, '/') ? strrchr(s->file, '/') + 1 : s->file;
         n += (size_t)snprintf(parts + n, sizeof parts - n, "%s%s %s%s%s", k ? ", " : "", s->name, shape,
                               strcmp(s->file, first_file) ? " in " : "", strcmp(s->file, first_file) ? file : "");
@@ -838,8 +830,8 @@ static int check_part_rows(const importer *im, int i, int64_t rows)
     memcpy(want, s->shape, sizeof want);
     want[0] = p->segments[wrong];
     char got[160], widths[160] = "";
-    shape_text(s->shape, s->ndim, got, sizeof got);
-    shape_text(want, s->ndim, shape, sizeof shape);
+    ckpt_shape_text(s->shape, s->ndim, got, sizeof got);
+    ckpt_shape_text(want, s->ndim, shape, sizeof shape);
     for (int k = 0; k < e->num_parts; k++)
         snprintf(widths + strlen(widths), sizeof widths - strlen(widths), "%s%lld",
                  !k ? "" : k == e->num_parts - 1 ? " and " : ", ", (long long)p->segments[k]);
@@ -909,8 +901,8 @@ static int check_sources(importer *im, int count)
         for (int k = 0; same && k < d->ndim; k++) same = s->info.shape[k] == expected[k];
         if (!same) {
             char want[160], got[160];
-            shape_text(expected, d->ndim, want, sizeof want);
-            shape_text(s->info.shape, s->info.ndim, got, sizeof got);
+            ckpt_shape_text(expected, d->ndim, want, sizeof want);
+            ckpt_shape_text(s->info.shape, s->info.ndim, got, sizeof got);
             return tp_fail(TP_ERR_FORMAT, "%s: tensor %s has shape %s, expected %s for %s", s->info.file, s->info.name,
                            got, want, d->name);
         }

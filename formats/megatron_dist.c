@@ -305,14 +305,6 @@ static int push(dist_tensors *list, const dist_tensor *t)
     return TP_OK;
 }
 
-static void shape_text(const int64_t *shape, int ndim, char *out, size_t size)
-{
-    int n = snprintf(out, size, "[");
-    for (int d = 0; d < ndim && n < (int)size; d++)
-        n += snprintf(out + n, size - (size_t)n, d ? ", %lld" : "%lld", (long long)shape[d]);
-    if (n < (int)size) snprintf(out + n, size - (size_t)n, "]");
-}
-
 /* Megatron-Core's names of the optimizer's states, ours: the main (fp32)
  * copy of a parameter is fp32_param in the model's space of the
  * non-distributed optimizer and fully_sharded_model_space, param in
@@ -366,8 +358,8 @@ static int add_key(const megatron_dist *m, int entry, int shape_entry, dist_sour
         for (int d = 0; same && d < ndim; d++) same = e->shape[d + (stacked ? 1 : 0)] == t.desc.shape[d];
         if (!same) {
             char got[160], want[160];
-            shape_text(e->shape + (stacked ? 1 : 0), ndim, got, sizeof got);
-            shape_text(t.desc.shape, t.desc.ndim, want, sizeof want);
+            ckpt_shape_text(e->shape + (stacked ? 1 : 0), ndim, got, sizeof got);
+            ckpt_shape_text(t.desc.shape, t.desc.ndim, want, sizeof want);
             return tp_fail(TP_ERR_FORMAT, "%s: key %s: %s%s, the args make %s %s", m->path, e->key, got,
                            stacked ? " per layer" : "", t.param, want);
         }
@@ -431,8 +423,8 @@ static int add_state(megatron_dist *m, int entry, int model_entry, const char *r
     }
     if (!cut || piece != e->shape[e->ndim - 1]) {
         char got[160], want[160];
-        shape_text(e->shape, e->ndim, got, sizeof got);
-        shape_text(p->shape, p->ndim, want, sizeof want);
+        ckpt_shape_text(e->shape, e->ndim, got, sizeof got);
+        ckpt_shape_text(p->shape, p->ndim, want, sizeof want);
         return tp_fail(TP_ERR_FORMAT, "%s: %s is %s: neither its parameter's shape %s nor that cut into flattened pieces "
                        "[pieces along each dimension..., elements of a piece]", m->path, e->key, got, want);
     }

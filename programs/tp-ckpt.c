@@ -89,14 +89,6 @@ static const checkpoint_format *detect_or_fail(const char *path, int *exit_code)
 
 /* ------------------------------------------------------------------- info */
 
-static void format_shape(const int64_t *shape, int ndim, char *out, size_t size)
-{
-    int n = snprintf(out, size, "[");
-    for (int d = 0; d < ndim && n < (int)size; d++)
-        n += snprintf(out + n, size - (size_t)n, d ? ", %lld" : "%lld", (long long)shape[d]);
-    if (n < (int)size) snprintf(out + n, size - (size_t)n, "]");
-}
-
 static void format_partition(const ckpt_tensor_desc *t, char *out, size_t size)
 {
     const ckpt_partition *p = &t->partition;
@@ -107,7 +99,7 @@ static void format_partition(const ckpt_tensor_desc *t, char *out, size_t size)
     int n = snprintf(out, size, "split axis %d", p->axis);
     if (p->num_segments > 1) {
         char segments[128];
-        format_shape(p->segments, p->num_segments, segments, sizeof segments);
+        ckpt_shape_text(p->segments, p->num_segments, segments, sizeof segments);
         n += snprintf(out + n, size - (size_t)n, " segments %s", segments);
     }
     if (p->granule > 1) n += snprintf(out + n, size - (size_t)n, " granule %lld", (long long)p->granule);
@@ -247,8 +239,8 @@ static void info_table(const ckpt_reader *r)
         char shape[64], padded_text[64], partition[128];
         int64_t padded[CKPT_MAX_DIMS];
         ckpt_padded_shape(t, layout->tp, padded);
-        format_shape(t->shape, t->ndim, shape, sizeof shape);
-        format_shape(padded, t->ndim, padded_text, sizeof padded_text);
+        ckpt_shape_text(t->shape, t->ndim, shape, sizeof shape);
+        ckpt_shape_text(padded, t->ndim, padded_text, sizeof padded_text);
         format_partition(t, partition, sizeof partition);
         printf("%-44s %-5s %-16s %-16s %-48s %5d %12lld\n", t->name, tp_dtype_name(t->dtype), shape,
                padded_text, partition, ckpt_tensor_stage(t, layout), (long long)tensor_stored_bytes(r, i));
@@ -331,7 +323,7 @@ static int info_megatron(const char *path, int json)
         for (int i = 0; i < megatron_num_tensors(m); i++) {
             const ckpt_tensor_desc *t = megatron_tensor(m, i);
             char shape[64], partition[128];
-            format_shape(t->shape, t->ndim, shape, sizeof shape);
+            ckpt_shape_text(t->shape, t->ndim, shape, sizeof shape);
             format_partition(t, partition, sizeof partition);
             printf("%-36s %-5s %-14s %-44s %5d  %s\n", t->name, tp_dtype_name(t->dtype), shape, partition,
                    ckpt_tensor_stage(t, &layout), megatron_source_name(m, i));
@@ -400,7 +392,7 @@ static int info_dcp(const char *path, int json)
             const dcp_entry *e = dcp_entry_at(d, i);
             if (dcp_entry_is_tensor(e) || !strcmp(e->key, DCP_INDEX_KEY)) continue;
             char shape[64] = "";
-            if (e->kind == DCP_TENSOR) format_shape(e->shape, e->ndim, shape, sizeof shape);
+            if (e->kind == DCP_TENSOR) ckpt_shape_text(e->shape, e->ndim, shape, sizeof shape);
             printf("%-44s %-10s %s\n", e->key, e->kind == DCP_BYTES ? "bytes" : torch_dtype_name(e->dtype), shape);
         }
     }
@@ -775,8 +767,8 @@ static int diff_one(void *ctx, int64_t i, int thread)
     const ckpt_tensor_desc *ta = ckpt_reader_tensor(job->a, d->a), *tb = ckpt_reader_tensor(job->b, d->b);
     if (ta->ndim != tb->ndim || memcmp(ta->shape, tb->shape, sizeof *ta->shape * (size_t)ta->ndim)) {
         char shape_a[256], shape_b[256];
-        format_shape(ta->shape, ta->ndim, shape_a, sizeof shape_a);
-        format_shape(tb->shape, tb->ndim, shape_b, sizeof shape_b);
+        ckpt_shape_text(ta->shape, ta->ndim, shape_a, sizeof shape_a);
+        ckpt_shape_text(tb->shape, tb->ndim, shape_b, sizeof shape_b);
         snprintf(d->message, sizeof d->message, "shape %s in A, %s in B", shape_a, shape_b);
         d->shapes_differ = 1;
         return 0;

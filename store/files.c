@@ -55,34 +55,63 @@ int store_write_file_atomic(const store_ops *storage, const char *dir, const cha
     return storage->sync_dir(storage, dir);
 }
 
-int store_read_text(const store_ops *storage, const char *path, int64_t max_bytes, char **out,
-                   int64_t *size_out)
+/* size bytes of path from its start into a malloc'ed buffer, a NUL after
+ * them: what every reading of a whole file here shares. */
+static int read_exactly(const store_ops *storage, const char *path, int64_t size, char **out)
+{
+    *out = NULL;
+    store_file *file = NULL;
+    TP_TRY(storage->open(storage, path, STORE_OPEN_READ, &file));
+    char *data = malloc((size_t)size + 1);
+    int status = data ? storage->read_at(file, data, (size_t)size, 0) : tp_fail(TP_ERR_NOMEM, "out of memory reading %s", path);
+    storage->close(file);
+    if (status) {
+        free(data);
+        return status;
+    }
+    data[size] = '\0';
+    *out = data;
+    return TP_OK;
+}
+
+/* A whole file of at most max_bytes (kind: what it should be, for the
+ * refusal of a directory). */
+static int read_whole(const store_ops *storage, const char *path, int64_t max_bytes, const char *kind, char **out,
+                      int64_t *size_out)
 {
     *out = NULL;
     store_stat st;
     TP_TRY(storage->stat(storage, path, &st));
     if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(ENOENT));
-    if (st.is_dir) return tp_fail(TP_ERR_FORMAT, "%s is a directory, not a text file", path);
+    if (st.is_dir) return tp_fail(TP_ERR_FORMAT, "%s is a directory, not %s", path, kind);
     if (st.size > max_bytes)
         return tp_fail(TP_ERR_FORMAT, "%s: %lld bytes is too large for this file (at most %lld)", path,
                        (long long)st.size, (long long)max_bytes);
-    store_file *file = NULL;
-    TP_TRY(storage->open(storage, path, STORE_OPEN_READ, &file));
-    char *text = malloc((size_t)st.size + 1);
-    int status = text ? storage->read_at(file, text, (size_t)st.size, 0) : tp_fail(TP_ERR_NOMEM, "out of memory reading %s", path);
-    storage->close(file);
-    if (status) {
-        free(text);
-        return status;
-    }
-    text[st.size] = '\0';
-    if (strlen(text) != (size_t)st.size) {
-        free(text);
-        return tp_fail(TP_ERR_FORMAT, "%s: contains NUL bytes (damaged?)", path);
-    }
-    *out = text;
+    TP_TRY(read_exactly(storage, path, st.size, out));
     if (size_out) *size_out = st.size;
     return TP_OK;
+}
+
+int store_read_text(const store_ops *storage, const char *path, int64_t max_bytes, char **out,
+                   int64_t *size_out)
+{
+    int64_t size;
+    TP_TRY(read_whole(storage, path, max_bytes, "a text file", out, &size));
+    if (strlen(*out) != (size_t)size) {
+        free(*out);
+        *out = NULL;
+        return tp_fail(TP_ERR_FORMAT, "%s: contains NUL bytes (damaged?)", path);
+    }
+    if (size_out) *size_out = size;
+    return TP_OK;
+}
+
+int store_read_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out)
+{
+    const store_ops *storage;
+    *out = NULL;
+    TP_TRY(store_for(path, &storage));
+    return read_whole(storage, path, max_bytes, "a file", out, size_out);
 }
 
 int store_read_text_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out)
@@ -103,21 +132,15 @@ int store_check_kept(const char *url, const void *data, int64_t size)
         return tp_fail(TP_ERR_IO, "%s: %lld bytes arrived of %lld sent%s", url, (long long)(st.exists ? st.size : 0),
                        (long long)size, st.exists ? "" : " (nothing is there, though its PUT was answered as done)");
     if (!data || size == 0) return TP_OK;
-    store_file *file = NULL;
-    TP_TRY(storage->open(storage, url, STORE_OPEN_READ, &file));
-    unsigned char *kept = malloc((size_t)size);
-    int status = kept ? storage->read_at(file, kept, (size_t)size, 0)
-                      : tp_fail(TP_ERR_NOMEM, "out of memory reading %s back", url);
-    storage->close(file);
-    if (!status) {
-        const unsigned char *sent = data;
-        int64_t at = 0;
-        while (at < size && kept[at] == sent[at]) at++;
-        if (at < size)
-            status = tp_fail(TP_ERR_IO, "%s: the store kept other bytes than were sent: byte %lld of %lld is 0x%02x, "
-                             "0x%02x was sent", url, (long long)at, (long long)size, kept[at], sent[at]);
-    }
-    free(kept);
+    char *back;
+    TP_TRY(read_exactly(storage, url, size, &back));
+    const unsigned char *kept = (const unsigned char *)back, *sent = data;
+    int64_t at = 0;
+    while (at < size && kept[at] == sent[at]) at++;
+    int status = at == size ? TP_OK
+                            : tp_fail(TP_ERR_IO, "%s: the store kept other bytes than were sent: byte %lld of %lld is "
+                                      "0x%02x, 0x%02x was sent", url, (long long)at, (long long)size, kept[at], sent[at]);
+    free(back);
     return status;
 }
 

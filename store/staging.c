@@ -99,12 +99,11 @@ int store_process_gone(const char *host, long pid)
 
 int store_process_running(const char *host, long pid, const char *program)
 {
-    char here[64], path[64], comm[32] = "";
+    char here[64], path[64];
     store_host_name(here, sizeof here);
     if (strcmp(here, host) || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno != EPERM)) return 0;
-    /* An ended process not yet reaped (a zombie: a trainer's rank 0 whose
-     * launch was just torn down) answers kill(0) but holds nothing: its
-     * lease was taken for a live run's, and tp-elastic's relaunch refused. */
+    /* "PID (NAME) STATE ...": the kernel's name of the process (at most 15
+     * bytes; it may hold ')' and spaces) and its state, in one read. */
     char stat[512] = "";
     snprintf(path, sizeof path, "/proc/%ld/stat", pid);
     FILE *f = fopen(path, "r");
@@ -112,19 +111,17 @@ int store_process_running(const char *host, long pid, const char *program)
     size_t n = fread(stat, 1, sizeof stat - 1, f);
     fclose(f);
     stat[n] = '\0';
-    const char *state = strrchr(stat, ')'); /* "PID (NAME) STATE ...": the name may hold ')' */
-    if (!state || state[1] != ' ' || state[2] == 'Z' || state[2] == 'X' || state[2] == 'x') return 0;
+    const char *open = strchr(stat, '('), *close = strrchr(stat, ')');
+    if (!open || !close || close < open || close[1] != ' ') return 0;
+    /* An ended process not yet reaped (a zombie: a trainer's rank 0 whose
+     * launch was just torn down) answers kill(0) but holds nothing: its
+     * lease was taken for a live run's, and tp-elastic's relaunch refused. */
+    if (close[2] == 'Z' || close[2] == 'X' || close[2] == 'x') return 0;
     /* The pid alone could be another's by now (the holder died and its pid
      * was handed out again): its name must be the holder's program. */
-    snprintf(path, sizeof path, "/proc/%ld/comm", pid);
-    f = fopen(path, "r");
-    if (!f) return 0;
-    n = fread(comm, 1, sizeof comm - 1, f);
-    fclose(f);
-    comm[n] = '\0';
-    comm[strcspn(comm, "\n")] = '\0';
+    size_t name = (size_t)(close - open - 1);
     size_t kept = strlen(program) < 15 ? strlen(program) : 15; /* the kernel keeps 15 bytes of a name */
-    return kept && strlen(comm) == kept && strncmp(comm, program, kept) == 0;
+    return kept && name == kept && strncmp(open + 1, program, kept) == 0;
 }
 
 int store_staging_owner(char *out, size_t out_size)

@@ -192,6 +192,9 @@ int store_write_file_atomic(const store_ops *storage, const char *dir, const cha
 int store_read_text(const store_ops *storage, const char *path, int64_t max_bytes, char **out, int64_t *size_out);
 /* store_read_text in the store of the path (store_for): a local file or a URL. */
 int store_read_text_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out);
+/* A whole file of any bytes (up to max_bytes) of the store of the path
+ * into a malloc'ed buffer, a NUL after its *size_out bytes. */
+int store_read_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out);
 
 /* What a store kept of an object whose PUT it answered as done, the one
  * check of it for every upload: a store (or a gateway in front of it) can
