@@ -246,10 +246,23 @@ static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const char
         /* A holder running on this machine is refused at once rather than
          * watched for renewals (up to 30 s beside a live trainer here), but
          * for a moment's grace: one whose launch is being torn down (a rank
-         * died, tp-elastic relaunches at once) is still exiting, and goes. */
-        int running_here = holder_running_here(&seen);
-        if (running_here && now_seconds() - start >= RUNNING_GRACE_SECONDS)
-            return refuse(claim, run_dir, url, &seen, 1);
+         * died, tp-elastic relaunches at once) is still exiting, and goes.
+         * Its end is asked of this machine, not of the store: ten reads a
+         * second of a lease its holder rewrites in place (as s3rver writes
+         * objects) met the store's 500s, and their retries' warnings. The
+         * lease is read once more when the grace is over: released
+         * meanwhile, it is taken. */
+        if (holder_running_here(&seen)) {
+            if (now_seconds() - start < RUNNING_GRACE_SECONDS) {
+                sleep_seconds(RUNNING_GRACE_SECONDS / 10);
+                continue;
+            }
+            int present = 0;
+            lease now;
+            TP_TRY(read_lease(url, &present, &now));
+            if (!present) return TP_OK; /* released */
+            return refuse(claim, run_dir, url, &now, holder_running_here(&now));
+        }
         if (now_seconds() - start > lifetime) return TP_OK; /* no renewal for a period */
         /* A live run's renewal comes within a quarter of its period; a
          * wait longer than a moment (up to a period: 30 s by default) is
@@ -261,9 +274,7 @@ static int wait_for_lease(ckpt_run_claim *claim, const char *run_dir, const char
             store_notify(text);
             announced = 1;
         }
-        /* A renewal seen soon, however long the lifetime; a running holder's
-         * end within the grace. */
-        sleep_seconds(running_here ? RUNNING_GRACE_SECONDS / 10 : claim->renewer.period / 8);
+        sleep_seconds(claim->renewer.period / 8); /* a renewal seen soon, however long the lifetime */
         int present = 0;
         lease now;
         TP_TRY(read_lease(url, &present, &now));
