@@ -10,6 +10,7 @@
 #include "../formats/registry.h"
 #include "../model/interop.h"
 #include "../reshard/reshard.h"
+#include "../trainer/checkpoint.h"
 #include "cli.h"
 #include "elastic_commands.h"
 
@@ -21,7 +22,8 @@ static const char plan_usage[] =
     "memory per rank and bytes sent per step, or why it is not valid; then the layout it picks and why.\n"
     "\n" CLI_MODEL_USAGE("fp32|bf16|fp16")
     "           --ckpt DIR: the model (and the current layout) of a checkpoint or run directory instead\n"
-    "           (this toolkit's, a Megatron checkpoint, or a DCP checkpoint naming this toolkit's model)\n"
+    "           (this toolkit's, a Megatron checkpoint, or a DCP checkpoint naming this toolkit's model), in the\n"
+    "           precision its run trained in unless --dtype says how it will\n"
     "options:   --micro-batch M (8: the largest to use) --ranks-per-node G (TP stays within a node)\n"
     "           --memory-per-rank SIZE (512M, 80G) --current tpTppP (prefer it) --allow-batch-change --json\n"
     "A run's tp-train arguments may be pasted as they are: --tp T --pp P say the current layout (as --current);\n"
@@ -47,8 +49,12 @@ static void parse_layout(const char *text, int *tp, int *pp)
 /* The model and layout of a checkpoint (a run directory resolves to its
  * newest committed one), of any format: a Megatron GPT's model as this
  * toolkit's (gpt_megatron_model), another's from the configuration it
- * records; the layout it was saved at. */
-static int from_checkpoint(const char *path, elastic_plan_request *r)
+ * records; the layout it was saved at. The precision is the one the run
+ * trained in, as tp-train --resume takes it (the checkpoint's weights are
+ * fp32 under bf16 mixed precision too: a bf16 run was planned as fp32,
+ * without its bf16 copies and with fp32 activations), unless --dtype says
+ * how it will train (given). */
+static int from_checkpoint(const char *path, const gpt_options *given, elastic_plan_request *r)
 {
     formats_source *source = NULL;
     TP_TRY(formats_source_open(path, NULL, NULL, &source));
@@ -63,6 +69,8 @@ static int from_checkpoint(const char *path, elastic_plan_request *r)
         status = tp_fail(TP_ERR_ARG, "a %s that records no model of this toolkit's: give the model flags instead",
                          formats_source_format(source)->title);
     else status = gpt_config_from_json(model_json, &r->model);
+    if (!status && !megatron && checkpoint_record_bf16(ckpt_reader_state(reader)->user_json)) r->model.dtype = TP_BF16;
+    if (!status && given->dtype_given) r->model.dtype = given->explicit_shape.dtype;
     if (status) tp_fail_context(status, "%s: its model", path);
     if (!status && !r->current_tp) {
         r->current_tp = ckpt_reader_saved_layout(reader)->tp;
@@ -83,6 +91,7 @@ static void print_request(const elastic_plan_request *r)
 {
     printf("%d ranks, global batch %lld, micro-batch up to %lld", r->world, (long long)r->global_batch,
            (long long)(r->micro_batch ? r->micro_batch : 8));
+    if (r->model.dtype != TP_FP32) printf(", %s", tp_dtype_name(r->model.dtype)); /* fp32 is said by nothing */
     if (r->ranks_per_node) printf(", %d ranks per node", r->ranks_per_node);
     if (r->memory_per_rank) {
         printf(", ");
@@ -149,7 +158,8 @@ int elastic_plan_main(int argc, char **argv)
         switch (c) {
         case CLI_MODEL_OPTION:
             if (gpt_options_set(&model, options[index].name, optarg)) cli_usage_error(PROGRAM, "%s", tp_errmsg());
-            model_given = 1;
+            /* --dtype with --ckpt says how the run will train, as tp-train --resume's. */
+            if (strcmp(options[index].name, "dtype") != 0) model_given = 1;
             break;
         case O_WORLD: r.world = (int)cli_int(PROGRAM, "--world", optarg, 1, 1 << 20); break;
         case O_CKPT: ckpt = cli_path(PROGRAM, "--ckpt", optarg); break;
@@ -184,7 +194,7 @@ int elastic_plan_main(int argc, char **argv)
     if (!r.global_batch) cli_usage_error(PROGRAM, "--global-batch B is required");
     if (ckpt && model_given) cli_usage_error(PROGRAM, "give the model flags or --ckpt, not both");
     if (ckpt) {
-        if (from_checkpoint(ckpt, &r)) return cli_error(PROGRAM, "%s", tp_errmsg());
+        if (from_checkpoint(ckpt, &model, &r)) return cli_error(PROGRAM, "%s", tp_errmsg());
     } else if (gpt_options_finish(&model, &r.model)) {
         cli_usage_error(PROGRAM, "%s (or --ckpt DIR)", tp_errmsg());
     }

@@ -989,17 +989,21 @@ static int model_config_of(const char *path, gpt_config *out, int *bf16, char *r
         status = gpt_config_from_json(ckpt_reader_state(r)->model_json, out);
         if (status) tp_fail_context(status, "%s", ckpt_reader_path(r));
         else snprintf(resolved, resolved_size, "%s", ckpt_reader_path(r));
-        if (!status && bf16) {
-            cJSON *run = cJSON_Parse(ckpt_reader_state(r)->user_json ? ckpt_reader_state(r)->user_json : "");
-            const cJSON *precision = cJSON_GetObjectItemCaseSensitive(run, "precision");
-            *bf16 = cJSON_IsString(precision) && !strcmp(precision->valuestring, "bf16");
-            cJSON_Delete(run);
-        }
+        if (!status && bf16) *bf16 = checkpoint_record_bf16(ckpt_reader_state(r)->user_json);
         ckpt_reader_close(r);
         if (!status) break;
     }
     free(list);
     return status;
+}
+
+int checkpoint_record_bf16(const char *user_json)
+{
+    cJSON *run = cJSON_Parse(user_json ? user_json : "");
+    const cJSON *precision = cJSON_GetObjectItemCaseSensitive(run, "precision");
+    int bf16 = cJSON_IsString(precision) && !strcmp(precision->valuestring, "bf16");
+    cJSON_Delete(run);
+    return bf16;
 }
 
 int checkpoint_run_model(const char *path, const gpt_options *given, gpt_config *out, char *resolved,

@@ -145,4 +145,9 @@ int checkpoint_model_config(comm *c, const char *path, gpt_config *out, char *re
 int checkpoint_run_model(const char *path, const gpt_options *given, gpt_config *out, char *resolved,
                          size_t resolved_size);
 
+/* Whether the trainer's record of a run (a checkpoint's user JSON, may be
+ * NULL) says bf16 mixed precision: the checkpoint's own dtype is its
+ * weights', fp32 then too. */
+int checkpoint_record_bf16(const char *user_json);
+
 #endif

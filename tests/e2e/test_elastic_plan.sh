@@ -204,6 +204,30 @@ done
 expect_error "--ckpt of a DCP without this toolkit's model: refused, naming the remedy" 1 \
     "cols2: its model: a PyTorch distributed checkpoint that records no model of this toolkit's: give the model flags" \
     "$ELASTIC" plan --world 2 --ckpt "$ROOT/tests/data/dcp/cols2" --global-batch 8
+# A bf16 run's checkpoint holds fp32 weights: the plan takes the precision
+# the run trained in from its record, as tp-train --resume does (it planned
+# fp32: no bf16 weight copies, fp32 activations), and --dtype beside --ckpt
+# says how the run will train.
+expect_ok "a bf16 run of 2 steps" "$BIN/tp-train" --model tiny --dtype bf16 --micro-batch 2 --steps 2 --quiet \
+    --ckpt-dir "$WORK/bf16run"
+for how in ckpt:"--ckpt $WORK/bf16run" flags:"--model tiny --dtype bf16" fp32:"--ckpt $WORK/bf16run --dtype fp32"; do
+    expect_ok "plan of the bf16 run (${how%%:*})" "$ELASTIC" plan --world 4 ${how#*:} --global-batch 8 --current tp1pp1 --json
+    cp "$WORK/.out" "$WORK/plan_${how%%:*}.json"
+done
+# same_memory A B EQUAL: whether the two plans' layouts (all rows) have the same memory per rank (EQUAL 1) or not (0).
+same_memory() {
+    "$PY" -c 'import json, sys
+rows = [[(l["tp"], l["pp"], l.get("memory_per_rank")) for l in json.load(open(f))["layouts"]] for f in sys.argv[1:3]]
+assert any(m for _, _, m in rows[0]), rows[0]
+sys.exit((rows[0] == rows[1]) != (sys.argv[3] == "1"))' "$@"
+}
+check "--ckpt of a bf16 run: the memory of the model flags with --dtype bf16" \
+    same_memory "$WORK/plan_ckpt.json" "$WORK/plan_flags.json" 1
+check "--ckpt of a bf16 run with --dtype fp32: planned otherwise" same_memory "$WORK/plan_ckpt.json" "$WORK/plan_fp32.json" 0
+check "--ckpt of a bf16 run: the model's dtype bf16 in the request" "$PY" -c 'import json, sys
+assert json.load(open(sys.argv[1]))["request"]["model"]["dtype"] == "bf16"' "$WORK/plan_ckpt.json"
+expect_ok "plan of the bf16 run, text" "$ELASTIC" plan --world 4 --ckpt "$WORK/bf16run" --global-batch 8
+check "the text says bf16 on its first line" grep -q "^4 ranks, global batch 8, micro-batch up to 8, bf16" "$WORK/.out"
 
 # --------------------------------------------------- impossible requests
 expect_error "nothing fits in 1 MiB" 1 "no layout is valid for 4 ranks: tp1 pp1: needs .* 1.0 MiB given" \

@@ -155,6 +155,12 @@ run mpi_train 2 eval --ckpt "$WORK/dist" --data "$WORK/tokens.bin" --tp 2
 check_all "eval of a torch_dist checkpoint under mpirun: exit 2, rank 0 alone says it (exit $RC)" \
     '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: --ckpt" "$WORK/.err")" -eq 1 ] && grep -Eq \
     -- "--ckpt .*/dist is a Megatron-Core distributed checkpoint \(metadata.json\), .*tp-ckpt import .*/dist" "$WORK/.err"'
+# A layout the checkpoint's model does not divide into is the command
+# line's, as in training: exit 2, rank 0 alone says it (it exited 1).
+run mpi_train 3 eval --ckpt "$WORK/relayout/step_00000010" --data "$WORK/tokens.bin" --tp 3
+check_all "eval at a tp the model's heads do not divide: exit 2, one line naming the checkpoint (exit $RC)" \
+    '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: " "$WORK/.err")" -eq 1 ] && grep -Eq \
+    "^tp-train: .*step_00000010.*heads 4 is not divisible by tp 3 \(see tp-train eval --help\)$" "$WORK/.err"'
 run mpi_train 2 generate --ckpt "$WORK/relayout/step_00000010" --prompt hello --tokens 5
 check_all "generate under mpirun: refused by rank 0 alone, no text (each rank wrote its own, interleaved; exit $RC)" \
     '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: generate runs as one process (it was started as 2 ranks)" \
