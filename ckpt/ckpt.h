@@ -664,7 +664,9 @@ int ckpt_run_output_refusal(const char *out, int64_t step, int new_model, char *
 /* One live run per run directory: a trainer claims its directory for its
  * whole life, and a second one is refused at start naming the first
  * ("tp-train (pid 41 on host n1, since ...)"). Local: an flock on
- * run_dir/.tp-run.lock, which the kernel frees when the holder dies. An
+ * run_dir/.tp-run.lock, which the kernel frees when the holder dies (a
+ * holder of this machine that is ending, killed and not yet done, is
+ * waited for, up to 10 s: it holds the lock until its files close). An
  * object store: a lease object run_dir/.tp-run.lease, renewed by a thread
  * every TP_RUN_LEASE_SECONDS/4 (default 30 s); one found there is waited
  * for until it proves dead (its holder a gone process of this machine, or

@@ -53,6 +53,10 @@
  * is refused: a process that is ending (its launch torn down) is gone
  * within it; a live run's stays. */
 #define RUNNING_GRACE_SECONDS 1.0
+/* How long a local lock's holder that is ending (lock_past_ending_holder)
+ * is waited for: the kernel's freeing of a process's memory, seconds at
+ * the most. */
+#define ENDING_WAIT_SECONDS 10.0
 
 struct ckpt_run_claim {
     store_file *lock;               /* the local lock (the run directory, or a remote one's cache) */
@@ -78,6 +82,35 @@ static int refuse_local(const char *dir, const char *path, int fd)
                    seen[0] ? seen : "another process", path);
 }
 
+/* Whether the holder a held lock's file names (open as fd: "tp-train (pid
+ * 41 on host n1, since ...)") is a process of this machine that is ending. */
+static int holder_ending(int fd)
+{
+    char seen[HOLDER_MAX] = "", host[64];
+    ssize_t n = pread(fd, seen, sizeof seen - 1, 0);
+    seen[n > 0 ? n : 0] = '\0';
+    const char *at = strstr(seen, " (pid ");
+    long pid = 0;
+    return at && sscanf(at, " (pid %ld on host %63[^,]", &pid, host) == 2 && store_process_ending(host, pid);
+}
+
+/* The lock at path (its file open as fd), with flags. A holder that is
+ * ending (killed: a rank of a launch tp-elastic tore down, which relaunches
+ * or takes the run over at once) holds it until the kernel has freed its
+ * memory and closed its files: waited for, up to ENDING_WAIT_SECONDS,
+ * rather than refused as a live run (the takeover of a run under the
+ * sanitizers was refused by a rank in its exit). */
+static int lock_past_ending_holder(const char *path, int fd, int flags, store_file **out)
+{
+    const store_ops *posix = store_posix();
+    double start = now_seconds();
+    for (;;) {
+        int status = posix->lock(posix, path, flags, out);
+        if (status != TP_ERR_EXISTS || now_seconds() - start > ENDING_WAIT_SECONDS || !holder_ending(fd)) return status;
+        sleep_seconds(0.02);
+    }
+}
+
 /* The lock on dir's claim, exclusive (a run's) or with STORE_LOCK_SHARED
  * (the writers beside no run: they share it), the holder written in it. */
 static int lock_local(const char *dir, const char *holder, int flags, store_file **out)
@@ -87,7 +120,7 @@ static int lock_local(const char *dir, const char *holder, int flags, store_file
     TP_TRY(tp_path_join(path, dir, LOCK_NAME));
     int fd = -1; /* a FIFO or a link put there is refused, never waited on or followed */
     TP_TRY(tp_open_regular_flags(path, O_RDWR | O_CREAT | O_NOFOLLOW, 0644, &fd));
-    int status = posix->lock(posix, path, flags, out);
+    int status = lock_past_ending_holder(path, fd, flags, out);
     if (status == TP_ERR_EXISTS) return refuse_local(dir, path, fd);
     if (status == TP_OK) {
         size_t length = strlen(holder);
@@ -463,7 +496,7 @@ int ckpt_run_claim_free(const char *run_dir)
     /* Shared, for a moment: a holder's exclusive lock refuses it. */
     const store_ops *posix = store_posix();
     store_file *probe = NULL;
-    status = posix->lock(posix, path, STORE_LOCK_SHARED, &probe);
+    status = lock_past_ending_holder(path, fd, STORE_LOCK_SHARED, &probe);
     if (status == TP_ERR_EXISTS) return refuse_local(run_dir, path, fd);
     close(fd);
     if (probe) posix->close(probe);

@@ -36,35 +36,6 @@ int dcp_detect(const char *path, int *found)
     return TP_OK;
 }
 
-/* A whole file of a store, at most max bytes, into *out (malloc'ed). */
-static int read_whole(const char *path, int64_t max, unsigned char **out, int64_t *size)
-{
-    *out = NULL;
-    const store_ops *store;
-    store_stat st;
-    TP_TRY(store_for(path, &store));
-    TP_TRY(store->stat(store, path, &st));
-    if (!st.exists) return tp_fail(TP_ERR_NOT_FOUND, "%s: no such file", path);
-    if (st.is_dir) return tp_fail(TP_ERR_FORMAT, "%s is a directory", path);
-    if (st.size > max)
-        return tp_fail(TP_ERR_FORMAT, "%s: %lld bytes, more than the limit of %lld", path, (long long)st.size, (long long)max);
-    unsigned char *buf = malloc((size_t)st.size + 1);
-    if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory for %lld bytes of %s", (long long)st.size, path);
-    store_file *file;
-    int status = store->open(store, path, STORE_OPEN_READ, &file);
-    if (!status) {
-        status = st.size ? store->read_at(file, buf, (size_t)st.size, 0) : TP_OK;
-        store->close(file);
-    }
-    if (status) {
-        free(buf);
-        return status;
-    }
-    *out = buf;
-    *size = st.size;
-    return TP_OK;
-}
-
 /* The class name of an object (after the last dot of its class path). */
 static const char *class_name(const pickle_value *v)
 {
@@ -398,11 +369,11 @@ int dcp_open(const char *path, dcp_checkpoint **out)
     }
     /* What is read must stay: a replacement waits for, or refuses, this reader. */
     if (!status) status = store_hold_shared(dcp->path, &dcp->hold);
-    unsigned char *data = NULL;
+    char *data = NULL;
     int64_t size = 0;
-    if (!status) status = read_whole(dcp->metadata_path, DCP_METADATA_MAX, &data, &size);
+    if (!status) status = store_read_file(dcp->metadata_path, DCP_METADATA_MAX, &data, &size);
     dcp->metadata_bytes = size;
-    if (!status) status = read_metadata(dcp, data, size);
+    if (!status) status = read_metadata(dcp, (const unsigned char *)data, size);
     free(data);
     if (!status) status = check_files(dcp);
     if (!status) status = make_versions(dcp);

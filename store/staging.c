@@ -97,31 +97,56 @@ int store_process_gone(const char *host, long pid)
     return !strcmp(here, host) && pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }
 
-int store_process_running(const char *host, long pid, const char *program)
+/* /proc/PID/stat of a process of this machine into text ("PID (NAME) STATE
+ * ..."), one read: its name's closing ')', after which the other fields
+ * follow (the name, at most 15 bytes, may hold ')' and spaces), or NULL
+ * when there is no such process. */
+static const char *proc_stat_read(long pid, char *text, size_t size)
 {
-    char here[64], path[64];
-    store_host_name(here, sizeof here);
-    if (strcmp(here, host) || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno != EPERM)) return 0;
-    /* "PID (NAME) STATE ...": the kernel's name of the process (at most 15
-     * bytes; it may hold ')' and spaces) and its state, in one read. */
-    char stat[512] = "";
+    char path[64];
     snprintf(path, sizeof path, "/proc/%ld/stat", pid);
     FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    if (!f) return NULL;
+    size_t n = fread(text, 1, size - 1, f);
     fclose(f);
-    stat[n] = '\0';
-    const char *open = strchr(stat, '('), *close = strrchr(stat, ')');
-    if (!open || !close || close < open || close[1] != ' ') return 0;
+    text[n] = '\0';
+    const char *open = strchr(text, '('), *close = strrchr(text, ')');
+    return open && close && close > open && close[1] == ' ' ? close : NULL;
+}
+
+int store_process_running(const char *host, long pid, const char *program)
+{
+    char here[64], stat[512];
+    store_host_name(here, sizeof here);
+    if (strcmp(here, host) || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno != EPERM)) return 0;
+    const char *close = proc_stat_read(pid, stat, sizeof stat);
+    if (!close) return 0;
     /* An ended process not yet reaped (a zombie: a trainer's rank 0 whose
      * launch was just torn down) answers kill(0) but holds nothing: its
      * lease was taken for a live run's, and tp-elastic's relaunch refused. */
     if (close[2] == 'Z' || close[2] == 'X' || close[2] == 'x') return 0;
     /* The pid alone could be another's by now (the holder died and its pid
      * was handed out again): its name must be the holder's program. */
+    const char *open = strchr(stat, '(');
     size_t name = (size_t)(close - open - 1);
     size_t kept = strlen(program) < 15 ? strlen(program) : 15; /* the kernel keeps 15 bytes of a name */
     return kept && name == kept && strncmp(open + 1, program, kept) == 0;
+}
+
+/* The kernel's PF_EXITING (include/linux/sched.h), in /proc/PID/stat's
+ * flags: set when the process starts to exit. */
+#define PROCESS_EXITING 0x4u
+
+int store_process_ending(const char *host, long pid)
+{
+    char here[64], stat[512];
+    store_host_name(here, sizeof here);
+    if (strcmp(here, host) || pid <= 0) return 0;
+    const char *close = proc_stat_read(pid, stat, sizeof stat);
+    char state = 0;
+    unsigned long flags = 0; /* state, then ppid, pgrp, session, tty_nr, tpgid, flags */
+    if (!close || sscanf(close + 1, " %c %*d %*d %*d %*d %*d %lu", &state, &flags) != 2) return 0;
+    return state == 'Z' || state == 'X' || state == 'x' || (flags & PROCESS_EXITING) != 0;
 }
 
 int store_staging_owner(char *out, size_t out_size)

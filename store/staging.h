@@ -128,6 +128,11 @@ int store_process_gone(const char *host, long pid);
  * bytes) is program's. A pid taken by
  * another program since is not it; another machine's is never known. */
 int store_process_running(const char *host, long pid, const char *program);
+/* Whether the process pid of host is known to be ending: host is this
+ * machine and the process has begun to exit (the kernel frees its memory,
+ * then closes its files: its locks are held until then, over a second for
+ * a large process) or has ended and is not yet reaped. */
+int store_process_ending(const char *host, long pid);
 /* "<parent>/.<base>.<owner>.staging": where owner writes path before it is
  * published (owner NULL: this process); out_size at least TP_PATH_MAX. */
 int store_staging_path(const char *path, const char *owner, char *out, size_t out_size);

@@ -10,8 +10,8 @@
 int comm_place(comm *c, int rank, int world, int tp, int pp, int dp)
 {
     if (tp < 1 || pp < 1 || dp < 1 || (int64_t)tp * pp * dp != world)
-        return tp_fail(TP_ERR_ARG, "--tp %d x --pp %d x --dp %d = %lld ranks, but %d were launched (mpirun -np %lld)", tp,
-                       pp, dp, (long long)tp * pp * dp, world, (long long)tp * pp * dp);
+        return tp_fail(TP_ERR_ARG, "--tp %d x --pp %d x --dp %d = %lld ranks, but %d %s launched (mpirun -np %lld)", tp,
+                       pp, dp, (long long)tp * pp * dp, world, world == 1 ? "was" : "were", (long long)tp * pp * dp);
     if (rank < 0 || rank >= world) return tp_fail(TP_ERR_ARG, "rank %d outside a world of %d", rank, world);
     c->rank = rank;
     c->world = world;

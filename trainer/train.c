@@ -576,10 +576,10 @@ static int set_up(trainer *t)
     if (!status) status = dataset_open(&t->data, o->data, o->config.vocab, o->seed);
     /* A sample is a window inside one file (with fewer, it was all zeros). */
     if (!status && o->data && dataset_longest_file(t->data) <= o->seq)
-        status = tp_fail(TP_ERR_ARG, "%s: %lld tokens%s, fewer than a sequence of %lld (a sample is a window inside one "
-                         "file)", o->data, (long long)dataset_longest_file(t->data),
+        status = tp_fail(TP_ERR_ARG, "%s: %lld tokens%s, fewer than a window of %lld (--seq %lld + 1; a sample is a "
+                         "window inside one file)", o->data, (long long)dataset_longest_file(t->data),
                          dataset_tokens(t->data) > dataset_longest_file(t->data) ? " in its longest file" : "",
-                         (long long)o->seq + 1);
+                         (long long)o->seq + 1, (long long)o->seq);
     if (!status) activations = t->model->rows * t->model->D;
     if (!status) status = saver_create(&t->saver, t->model, 0);
     if (!status && o->ckpt_dir) status = saver_reserve(t->saver);

@@ -5,7 +5,9 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../../common/clock.h"
+#include "../../store/staging.h"
 #include "../support/fixture.h"
 
 TestSuite(staging, .init = make_dir, .fini = remove_dir);
@@ -354,6 +358,62 @@ Test(staging, a_claim_held_by_a_killed_process_is_free, .timeout = 30)
     waitpid(child, NULL, 0);
     cr_assert_eq(ckpt_run_claim_take(dir, NULL, "tp-train", &claim), TP_OK, "kill -9 frees it: %s", tp_errmsg());
     ckpt_run_claim_release(claim);
+}
+
+/* Closes fd after a moment: the holder's lock released while a claimant waits. */
+static void *close_later(void *fd)
+{
+    struct timespec pause = {0, 300 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    close(*(int *)fd);
+    return NULL;
+}
+
+/* A holder that is ending keeps its lock until the kernel has closed its
+ * files (a rank of a launch tp-elastic tore down, whose takeover was
+ * refused by it under the sanitizers): waited for, not refused. Here the
+ * named holder has ended (a zombie) while a process it forked still holds
+ * the lock's open file, until the test lets it go. */
+Test(staging, a_claim_whose_holder_is_ending_is_waited_for, .timeout = 30)
+{
+    int ready[2], release[2];
+    cr_assert_eq(pipe(ready), 0);
+    cr_assert_eq(pipe(release), 0);
+    pid_t child = fork();
+    if (child == 0) {
+        ckpt_run_claim *held = NULL;
+        char ok = ckpt_run_claim_take(dir, NULL, "tp-train", &held) == TP_OK ? 'y' : 'n';
+        close(release[1]);
+        pid_t keeper = fork(); /* shares the lock's open file; gone once release is closed */
+        if (keeper == 0) {
+            char byte;
+            ssize_t n = read(release[0], &byte, 1);
+            _exit(n == 0 ? 0 : 4);
+        }
+        if (keeper < 0) ok = 'n';
+        if (write(ready[1], &ok, 1) != 1) _exit(3);
+        _exit(0);
+    }
+    close(release[0]);
+    char ok = 0, host[64];
+    cr_assert_eq(read(ready[0], &ok, 1), 1);
+    cr_assert_eq(ok, 'y');
+    siginfo_t info;
+    cr_assert_eq(waitid(P_PID, (id_t)child, &info, WEXITED | WNOWAIT), 0, "the holder ended");
+    store_host_name(host, sizeof host);
+    cr_assert(store_process_ending(host, (long)child));
+    pthread_t closer;
+    cr_assert_eq(pthread_create(&closer, NULL, close_later, &release[1]), 0);
+    double start = now_seconds();
+    cr_assert_eq(ckpt_run_claim_free(dir), TP_OK, "waited for: %s", tp_errmsg());
+    cr_assert_geq(now_seconds() - start, 0.2, "the lock was still held when asked");
+    pthread_join(closer, NULL);
+    waitpid(child, NULL, 0);
+    ckpt_run_claim *claim = NULL;
+    cr_assert_eq(ckpt_run_claim_take(dir, NULL, "tp-train", &claim), TP_OK, "%s", tp_errmsg());
+    ckpt_run_claim_release(claim);
+    close(ready[0]);
+    close(ready[1]);
 }
 
 Test(staging, a_fifo_or_a_link_in_the_claims_place_is_refused_at_once, .timeout = 10)

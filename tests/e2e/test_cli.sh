@@ -169,7 +169,7 @@ expect_error "tp-train eval --ckpt ''" 2 "^tp-train eval: --ckpt is empty" "$TRA
 # A layout the ranks launched do not make is a usage error for eval as for
 # training (eval exited 1).
 expect_error "tp-train eval --tp 2 launched alone: a usage error" 2 \
-    "^tp-train: --tp 2 x --pp 1 x --dp 1 = 2 ranks, but 1 were launched .*\(see tp-train eval --help\)" \
+    "^tp-train: --tp 2 x --pp 1 x --dp 1 = 2 ranks, but 1 was launched .*\(see tp-train eval --help\)" \
     "$TRAIN" eval --ckpt "$WORK/text" --data "$WORK/text" --tp 2
 expect_error "tp-train generate --ckpt ''" 2 "^tp-train generate: --ckpt is empty" "$TRAIN" generate --ckpt '' --prompt hi
 expect_error "tp-elastic plan --ckpt ''" 2 "^tp-elastic plan: --ckpt is empty" "$BIN/tp-elastic" plan --world 2 --ckpt '' \

@@ -347,7 +347,7 @@ check_all "the judge refuses another model's tensors (exit $RC)" \
 # Refusals, in one line naming what is missing.
 cp -r "$WORK/mcore-0.20/ckpt/gpt_tp2pp1" "$WORK/moved"
 rm "$WORK/moved/iter_0000010/.metadata"
-expect_error "a 0.19+ checkpoint without .metadata: refused, naming it" 1 "moved/iter_0000010/.metadata: no such file" \
+expect_error "a 0.19+ checkpoint without .metadata: refused, naming it" 1 "moved/iter_0000010/.metadata: cannot open: No such file or directory" \
     "$CK" info "$WORK/moved"
 cp -r "$WORK/mcore-0.20/ckpt/gpt_tp2pp1" "$WORK/nocommon"
 sed 's/common_state/commoX_state/g' "$WORK/mcore-0.20/ckpt/gpt_tp2pp1/iter_0000010/.metadata" \

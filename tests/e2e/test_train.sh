@@ -537,7 +537,7 @@ expect_error "no file matches --data" 1 "nothing.*bin" "$TRAIN" $TINY --data "$W
 # Three files of 20 tokens, 60 in all, seq 32: no file holds a window, and
 # every sample was 33 zeros (exit 0).
 for n in 1 2 3; do printf 'abcdefghijklmnopqrs%d' $n >"$WORK/few$n.txt"; "$TRAIN" prepare "$WORK/few$n.txt" -o "$WORK/few$n.bin"; done
-expect_error "files each shorter than a sequence: refused" 1 "few\*.bin: 20 tokens in its longest file, fewer than a sequence of 33" \
+expect_error "files each shorter than a sequence: refused" 1 "few\*.bin: 20 tokens in its longest file, fewer than a window of 33 \\(--seq 32 \\+ 1; a sample is a window inside one file\\)" \
     "$TRAIN" $TINY --data "$WORK/few*.bin"
 # A file whose name reads as a pattern is that file (it was globbed: "no such
 # token file", or another file matching the pattern).

@@ -105,7 +105,11 @@ Test(kept, a_live_process_of_this_machine_is_known_by_its_pid_and_name)
     siginfo_t info;
     cr_assert_eq(waitid(P_PID, (id_t)child, &info, WEXITED | WNOWAIT), 0);
     cr_assert_not(store_process_running(host, (long)child, comm), "a zombie");
+    cr_assert(store_process_ending(host, (long)child), "a zombie is ending");
     waitpid(child, NULL, 0);
     cr_assert_not(store_process_running(host, (long)child, comm), "a process that ended");
     cr_assert(store_process_gone(host, (long)child));
+    cr_assert_not(store_process_ending(host, (long)child), "gone, not ending");
+    cr_assert_not(store_process_ending(host, (long)getpid()), "this process runs");
+    cr_assert_not(store_process_ending("another-host", (long)child), "another machine's is never known");
 }
