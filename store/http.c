@@ -282,6 +282,22 @@ static int on_progress(void *ctx, curl_off_t down_total, curl_off_t down_now, cu
     return 0;
 }
 
+/* The value of header line data (n bytes, "Name: value\r\n") when its name
+ * is name (case aside), spaces and the line's end left out, into out
+ * (size bytes); a value too long for out is left out. */
+static void header_value(const char *data, size_t n, const char *name, char *out, size_t size)
+{
+    size_t name_len = strlen(name);
+    if (n <= name_len || strncasecmp(data, name, name_len) != 0 || data[name_len] != ':') return;
+    const char *v = data + name_len + 1;
+    while (v < data + n && *v == ' ') v++;
+    size_t len = (size_t)(data + n - v);
+    while (len && (v[len - 1] == '\r' || v[len - 1] == '\n' || v[len - 1] == ' ')) len--;
+    if (len >= size) return;
+    memcpy(out, v, len);
+    out[len] = '\0';
+}
+
 static size_t on_header(char *data, size_t size, size_t count, void *ctx)
 {
     transfer *t = ctx;
@@ -296,16 +312,8 @@ static size_t on_header(char *data, size_t size, size_t count, void *ctx)
         else if (sscanf(data + 14, " bytes */%ld", &total) == 1) /* a 416's: the size alone */
             t->response->range_total = total;
     }
-    if (n > 5 && !strncasecmp(data, "ETag:", 5)) {
-        const char *v = data + 5;
-        while (*v == ' ' && v < data + n) v++;
-        size_t len = (size_t)(data + n - v);
-        while (len && (v[len - 1] == '\r' || v[len - 1] == '\n' || v[len - 1] == ' ')) len--;
-        if (len < sizeof t->response->etag) {
-            memcpy(t->response->etag, v, len);
-            t->response->etag[len] = '\0';
-        }
-    }
+    header_value(data, n, "ETag", t->response->etag, sizeof t->response->etag);
+    header_value(data, n, "x-amz-bucket-region", t->response->bucket_region, sizeof t->response->bucket_region);
     return n;
 }
 
@@ -465,6 +473,7 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
     r->code = 0;
     r->content_length = -1;
     r->etag[0] = '\0';
+    r->bucket_region[0] = '\0';
     r->range_first = r->range_last = r->range_total = -1;
     if (q->body_out) q->body_out->size = 0;
     /* The deadline of this attempt: its bytes at the minimum speed, and

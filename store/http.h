@@ -53,6 +53,7 @@ typedef struct {
      * (first and last -1). */
     int64_t range_first, range_last, range_total;
     char error_body[1024]; /* the start of the body of an answer other than 2xx */
+    char bucket_region[64]; /* S3's x-amz-bucket-region header (the bucket's region); "" without one */
     int attempts;
 } http_response;
 

@@ -65,6 +65,18 @@ int object_answer_error(const char *method, const char *path, const http_respons
     if (code[0]) snprintf(detail, sizeof detail, " %s%s%s", code, message[0] ? ": " : "", message);
     if (r->code == 404)
         return tp_fail(TP_ERR_NOT_FOUND, "%s: no such object (HTTP 404%s)", path, detail);
+    /* S3 names the bucket's region (x-amz-bucket-region) in its answers to
+     * requests signed for, or sent to, another (a 400, to a HEAD without a
+     * body; a 301 PermanentRedirect): the remedy said with it. */
+    if (r->bucket_region[0] && !strncmp(path, "s3://", 5)) {
+        char used[160];
+        object_s3_region(used, sizeof used);
+        size_t name = strcspn(used, ",");
+        if (strlen(r->bucket_region) != name || strncmp(used, r->bucket_region, name) != 0)
+            return tp_fail(TP_ERR_IO, "%s %s: HTTP %ld%s: the bucket is in %s (S3's x-amz-bucket-region), these "
+                           "requests are signed for %s: set AWS_REGION=%s", method, path, r->code, detail,
+                           r->bucket_region, used, r->bucket_region);
+    }
     if (r->code == 401 || r->code == 403)
         return tp_fail(TP_ERR_IO, "%s: access denied (HTTP %ld%s): check the credentials%s", path, r->code, detail,
                        !strncmp(path, "s3://", 5) ? " (AWS_ACCESS_KEY_ID and its secret key, or the profile "

@@ -86,6 +86,31 @@ Test(kept, the_default_region_is_said_as_the_default)
                                   "set"), "%s", tp_errmsg());
 }
 
+/* S3 names the bucket's region in the answer to a request signed for
+ * another: said with the remedy; an answer naming the region used (or no
+ * region) is judged as before. */
+Test(kept, the_bucket_region_s3_names_is_said)
+{
+    setenv("AWS_REGION", "us-east-1", 1);
+    http_response wrong = http_answer(400, "");
+    snprintf(wrong.bucket_region, sizeof wrong.bucket_region, "eu-central-1");
+    object_answer_error("HEAD", "s3://bkt/k", &wrong);
+    cr_assert(strstr(tp_errmsg(), "HEAD s3://bkt/k: HTTP 400: the bucket is in eu-central-1 (S3's "
+                                  "x-amz-bucket-region), these requests are signed for us-east-1, from AWS_REGION: "
+                                  "set AWS_REGION=eu-central-1"), "%s", tp_errmsg());
+    http_response moved = http_answer(301, "<Error><Code>PermanentRedirect</Code><Message>use the endpoint</Message>"
+                                           "</Error>");
+    snprintf(moved.bucket_region, sizeof moved.bucket_region, "ap-south-1");
+    object_answer_error("GET", "s3://bkt/k", &moved);
+    cr_assert(strstr(tp_errmsg(), "HTTP 301 PermanentRedirect: use the endpoint: the bucket is in ap-south-1"), "%s",
+              tp_errmsg());
+    http_response same = http_answer(403, "");
+    snprintf(same.bucket_region, sizeof same.bucket_region, "us-east-1");
+    object_answer_error("GET", "s3://bkt/k", &same);
+    cr_assert(strstr(tp_errmsg(), "access denied (HTTP 403)"), "the bucket's own region: %s", tp_errmsg());
+    unsetenv("AWS_REGION");
+}
+
 Test(kept, a_live_process_of_this_machine_is_known_by_its_pid_and_name)
 {
     char host[64], comm[32] = "";

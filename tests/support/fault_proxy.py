@@ -24,6 +24,9 @@ everything). One rule a line, the first that matches a request applies:
                     that says it kept what it did not
              flipput relays a PUT with one byte of its body changed (the
                     middle one): a store that keeps other bytes
+             region answers 400 without a body, naming ARG as the bucket's
+                    region (x-amz-bucket-region): S3 to a request signed for
+                    another region than the bucket's
   METHOD     the request's method (PROPFIND, GET, HEAD, PUT...), or * for any
   SUBSTRING  what the request's path must contain
   COUNT      how many matching requests the rule takes (its first COUNT since
@@ -128,6 +131,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return
             if action == "sleep":
                 time.sleep(float(arg or "10"))
+            if action == "region":
+                return self.answer(400, b"", [("x-amz-bucket-region", arg or "eu-central-1")])
             if action == "fakeok":
                 return self.answer(201 if self.command in ("PUT", "MKCOL") else 200)
             if action == "flipput" and body:
