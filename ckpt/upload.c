@@ -872,7 +872,10 @@ int ckpt_upload_latest(const char *checkpoint_url)
     }
     char text[CKPT_NAME_MAX + 2];
     int n = snprintf(text, sizeof text, "%s\n", name);
-    return store_put_data(path, text, (size_t)n);
+    TP_TRY(store_put_data(path, text, (size_t)n));
+    /* Read back, as an index is: a PUT answered 201 but not kept left the
+     * older step's name there, a resume took it, and "copied" was said. */
+    return store_check_kept(path, text, n);
 }
 
 /* ------------------------------------------------- files other than checkpoints */

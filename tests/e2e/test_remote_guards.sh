@@ -112,6 +112,12 @@ else
     echo "fakeok PUT shard_pp00_tp00.h5 always" >"$RULES.tmp" && mv "$RULES.tmp" "$RULES"
     expect_error "a shard PUT answered 201 but not kept: the upload fails (as before)" 1 \
         "shard_pp00_tp00.h5: 0 bytes arrived of [0-9]+ sent" "$CK" copy "$WORK/s50" "$P/k/step_00000050"
+    # `latest` is read back too (a store that kept the older name: a resume
+    # took step 20 after "copied").
+    echo "fakeok PUT /k/latest always" >"$RULES.tmp" && mv "$RULES.tmp" "$RULES"
+    expect_error "latest answered 201 but not kept: the upload fails, naming it" 1 \
+        "/k/latest: the store kept other bytes than were sent" "$CK" copy "$WORK/s50" "$P/k/step_00000050"
+    check "latest still names step 20" [ "$(cat "$DAV/k/latest")" = step_00000020 ]
     : >"$RULES.tmp" && mv "$RULES.tmp" "$RULES"
     expect_ok "the same copy, the store keeping what it is sent" "$CK" copy "$WORK/s50" "$P/k/step_00000050"
     check "latest moves to step 50" [ "$(cat "$DAV/k/latest")" = step_00000050 ]
