@@ -746,6 +746,41 @@ static int chunk_buffer(const pickle_value *root, int chunk, const char *path, c
     return TP_OK;
 }
 
+/* Megatron keeps each parameter as its fp32 main copy rounded (an fp32
+ * one as the copy itself: DistributedOptimizer.
+ * _copy_main_params_to_model_params), and distrib_optim.pt holds the main
+ * copies apart from the rank file that holds the weights. Nothing else ties
+ * the two: another rank's or stage's distrib_optim.pt of the same buffer
+ * sizes (two tensor-parallel ranks always have them) would be read as this
+ * rank's, every moment in another rank's rows. The main copy found at
+ * offset must round to the weight; checked on the first elements of the
+ * parameters outside the layers and of the chunk's first layer, as
+ * megatron_dist.c checks a dp_reshardable buffer's order. */
+static int check_main_copy(const char *path, const char *file, int chunk, const char *name, const torch_archive *weights,
+                           const pickle_value *weight, const torch_archive *state, const pickle_value *main, int64_t offset)
+{
+    tp_dtype dtype;
+    if (!float_dtype(weight, &dtype)) /* check_piece refused other dtypes at open */
+        return tp_fail(TP_ERR_FORMAT, "%s: %s is not of a floating-point dtype", file, name);
+    int64_t n = torch_tensor_numel(weight) < 8 ? torch_tensor_numel(weight) : 8;
+    size_t size = tp_dtype_size(dtype);
+    float copy[8];
+    unsigned char stored[8 * sizeof(float)], rounded[8 * sizeof(float)];
+    TP_TRY(torch_tensor_read(weights, weight, stored, 0, n * (int64_t)size));
+    TP_TRY(torch_tensor_read(state, main, copy, offset * 4, n * 4));
+    /* convert_numbers, not convert_from_f32: its target clones do not link under clang's sanitizers */
+    convert_numbers(copy, TP_FP32, rounded, dtype, n);
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(stored + i * size, rounded + i * size, size)) {
+            float w;
+            convert_numbers(stored + i * size, dtype, &w, TP_FP32, 1);
+            return tp_fail(TP_ERR_FORMAT, "%s: the main copy of %s (model chunk %d param[%lld:]) is not the weight %s holds "
+                           "(element %lld: %.9g, the weight %.9g): this distrib_optim.pt is of another rank, stage or save",
+                           path, name, chunk, (long long)offset, file, (long long)i, (double)copy[i], (double)w);
+        }
+    return TP_OK;
+}
+
 /* The distributed optimizer's state of one rank (docs/MEGATRON.md section
  * 8): the parameters are views into their chunk's buffer, so each one's
  * storage offset in the model file is its buffer offset; the world tensors
@@ -823,6 +858,20 @@ static int read_rank_distributed(megatron_checkpoint *m, int stage, int tp_rank,
             status = tp_fail(TP_ERR_LAYOUT, "%s: the parameters of model chunk %d fill %lld elements of their buckets, the state "
                              "has %lld: buckets cut by size (--overlap-grad-reduce) are not read yet", path, v,
                              (long long)(base + end - bucket_start), (long long)numel_unpadded);
+        int64_t first_layer = -1; /* the chunk's first layer, whose parameters' main copies are checked */
+        for (int k = 0; k < n; k++) {
+            int index = m->stage_params[first + k];
+            const ckpt_tensor_desc *d = index == HEAD_COPY ? NULL : &m->tensors[index].copy.desc;
+            if (d && d->anchor == CKPT_ANCHOR_LAYER && (first_layer < 0 || d->layer < first_layer)) first_layer = d->layer;
+        }
+        for (int k = 0; k < n && !status; k++) {
+            int index = m->stage_params[first + k];
+            const ckpt_tensor_desc *d = index == HEAD_COPY ? NULL : &m->tensors[index].copy.desc;
+            if (d && d->anchor == CKPT_ANCHOR_LAYER && d->layer != first_layer) continue;
+            const pickle_value *t = index == HEAD_COPY ? m->head_copies[stage * c->tp + tp_rank] : m->tensors[index].pieces[tp_rank];
+            status = check_main_copy(path, file, v, d ? m->tensors[index].source : "the tied head copy",
+                                     m->archives[stage * c->tp + tp_rank], t, *archive, world[0], offset[k]);
+        }
         const char *roles[3] = {"master", "exp_avg", "exp_avg_sq"};
         for (int k = 0; k < n && !status; k++)
             for (int r = c->dtype == TP_FP32 ? 1 : 0; r < 3 && !status; r++) { /* fp32 parameters are their masters */

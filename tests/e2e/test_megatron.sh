@@ -238,6 +238,19 @@ expect_ok "fixture: the distributed optimizer, virtual pipeline, Core names" "$P
     --layers 8 --hidden 64 --heads 4 --ffn 128 --vocab 90 --names core --dist-opt --dtype bf16 --full "$WORK/g.full.pt"
 expect_ok "its state -> tp1pp2" "$RS" "$WORK/g" --to tp1pp2 --format tp -o "$WORK/g_tp1" --verify
 expect_ok "h5py: equal to PyTorch's unsharded state, every chunk's buffer" h5_judge "$WORK/g_tp1" "$WORK/g.full.pt"
+# distrib_optim.pt lies beside the rank file it belongs to and names no rank:
+# two tensor-parallel ranks' files have the same sizes, so a swapped pair
+# was read as each other's (every moment and master in the other rank's
+# rows), exit 0; only --verify's comparison of the tied head copy caught
+# it here, nothing at pp 1. The main copies must round to the rank file's
+# weights.
+cp -R "$WORK/e" "$WORK/e_swap"
+mv "$WORK/e_swap/iter_0001000/mp_rank_00_000/distrib_optim.pt" "$WORK/e_swap/d.pt"
+mv "$WORK/e_swap/iter_0001000/mp_rank_01_000/distrib_optim.pt" "$WORK/e_swap/iter_0001000/mp_rank_00_000/"
+mv "$WORK/e_swap/d.pt" "$WORK/e_swap/iter_0001000/mp_rank_01_000/distrib_optim.pt"
+expect_error "a distrib_optim.pt of another tensor-parallel rank is refused" 1 \
+    "mp_rank_00_000/distrib_optim.pt: the main copy of .* is not the weight .*mp_rank_00_000/model_optim_rng.pt holds" \
+    "$RS" "$WORK/e_swap" --to tp1pp1 --format tp -o "$WORK/never"
 check "nothing was written for refused runs" test ! -e "$WORK/never"
 
 # ------------------------------------------------- Megatron back to Megatron

@@ -462,9 +462,10 @@ Test(megatron, copies_of_a_tensor_are_compared)
      * writes their CRC-32s): a replicated tensor's Adam moment on tp rank 1
      * (r1: the first of the stage's norms), the last stage's copy of the
      * tied embeddings' master weights (r2), tp rank 1's distrib_optim.pt
-     * master weights of a stage (s1: its replicated parameters', and the
+     * first moments of a stage (s1: its replicated parameters', and the
      * word embeddings' piece 1, which the last stage's copy no longer
-     * equals), a NaN in tp rank 3's final norm (u1), the same NaN in every
+     * equals; its master weights changed so, s2, no longer round to the
+     * rank file's weights: the optimizer state is refused), a NaN in tp rank 3's final norm (u1), the same NaN in every
      * copy (u2: equal, bit for bit). */
     char command[6000];
     snprintf(command, sizeof command,
@@ -482,12 +483,15 @@ Test(megatron, copies_of_a_tensor_are_compared)
              "    g = [g for g in sd[\"optimizer\"][\"fp32_from_fp16_params\"] if g[0].dim() == 2][0]\n"
              "    g[-1][1, 2] += 1\n" /* the head copy's: the stage's last parameter */
              "def world(sd):\n"
+             "    w = sd[0][next(iter(sd[0]))]; w[\"exp_avg\"] += 1\n"
+             "def main_copies(sd):\n"
              "    w = sd[0][next(iter(sd[0]))]; w[\"param\"] += 1\n"
              "def nan(sd):\n"
              "    sd[\"model\"][\"decoder.final_layernorm.weight\"][5] = float(\"nan\")\n"
              "edit(\"r1\", \"mp_rank_01_001/model_optim_rng.pt\", moment)\n"
              "edit(\"r2\", \"mp_rank_00_001/model_optim_rng.pt\", master)\n"
              "edit(\"s1\", \"mp_rank_01_000/distrib_optim.pt\", world)\n"
+             "edit(\"s2\", \"mp_rank_01_000/distrib_optim.pt\", main_copies)\n"
              "edit(\"u1\", \"mp_rank_03/model_optim_rng.pt\", nan)\n"
              "edit(\"u2\", \" \".join(\"mp_rank_%%02d/model_optim_rng.pt\" %% t for t in range(4)), nan)' %s",
              fixture_python(), dir);
@@ -502,10 +506,21 @@ Test(megatron, copies_of_a_tensor_are_compared)
                         "/r2/iter_0001000/mp_rank_00_000/model_optim_rng.pt (the one read)", NULL};
     check_copies("r2", 1, r2);
     /* Stage 0 holds the position embeddings and 2 layers of 6 replicated tensors each. */
-    const char *s1[] = {"optim/master/embedding.position_embeddings.weight (distrib_optim.pt chunk 0 param[",
+    const char *s1[] = {"optim/exp_avg/embedding.position_embeddings.weight (distrib_optim.pt chunk 0 exp_avg[",
                         "element [0, 0] is", "/s1/iter_0001000/mp_rank_01_000/distrib_optim.pt (tensor-parallel rank 1's copy)",
                         "/s1/iter_0001000/mp_rank_00_000/distrib_optim.pt (rank 0's, the one read)", NULL};
     check_copies("s1", 13 + 1, s1);
+    char path[700];
+    snprintf(path, sizeof path, "%s/s2", dir);
+    megatron_checkpoint *m;
+    cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());
+    int status = 0;
+    const char *refusal = megatron_optimizer_refusal(m, &status);
+    cr_assert(refusal && strstr(refusal, "/s2/iter_0001000/mp_rank_01_000/distrib_optim.pt: the main copy of ") &&
+                  strstr(refusal, " is not the weight ") && strstr(refusal, "/s2/iter_0001000/mp_rank_01_000/model_optim_rng.pt holds"),
+              "%s", refusal ? refusal : "(read)");
+    cr_assert_eq(status, TP_ERR_FORMAT);
+    megatron_close(m);
     const char *u1[] = {"final_norm.weight (decoder.final_layernorm.weight) is replicated over the tensor-parallel ranks "
                         "and its copies differ: element [5] is nan (0x7fc00000) in ",
                         "/u1/iter_0001000/mp_rank_03/model_optim_rng.pt (tensor-parallel rank 3's copy), 1", NULL};
