@@ -671,6 +671,10 @@ static int collect_buckets(megatron_dist *m, dist_tensors *list, bucket_key *key
     int *state_of = malloc(((size_t)num_params * 3 + 1) * sizeof *state_of);
     int *params = calloc((size_t)max, sizeof *params), *buffer = calloc((size_t)max, sizeof *buffer);
     int status = by_name && state_of && params && buffer ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    /* by_name points into the list's items, and the walk below pushes each
+     * parameter's states onto the list (at most three each: state_of): the
+     * room for them is made now, so that no push moves the items under it. */
+    if (!status) status = array_reserve((void **)&list->items, &list->capacity, num_params * 4, sizeof *list->items);
     for (int k = 0; !status && k < num_params; k++) by_name[k] = (named){list->items[k].name, k};
     for (int k = 0; !status && k < num_params * 3; k++) state_of[k] = -1;
     free(m->main_copies);
