@@ -305,8 +305,8 @@ static int plan_megatron(formats_source *source, const formats_write_options *o,
         char from[RESHARD_LAYOUT_TEXT_MAX];
         reshard_layout_text(ckpt_reader_saved_layout(reader), from);
         detail(s, "note", "the ranks' RNG states are left out: the layout changes");
-        snprintf(s->warning, sizeof s->warning, "the ranks' RNG states were left out: they belong to the layout %s "
-                                                "(Megatron drops them on a change of layout too)", from);
+        warn(s, "the ranks' RNG states were left out: they belong to the layout %s (Megatron drops them on a change of "
+                "layout too)", from);
     }
     note_groups_cut(s, w->model.model, p->tp);
     cJSON_AddStringToObject(s->json, "names", megatron_naming_name(names));
@@ -375,8 +375,8 @@ static int plan_torch_dist(formats_source *source, const formats_write_options *
     if (p->left_out) {
         char from[RESHARD_LAYOUT_TEXT_MAX];
         reshard_layout_text(ckpt_reader_saved_layout(reader), from);
-        snprintf(s->warning, sizeof s->warning, "%d bytes entries of the source were left out (the ranks' RNG states: "
-                 "they belong to the layout %s; Megatron drops them on a change of layout too)", p->left_out, from);
+        warn(s, "%d bytes entries of the source were left out (the ranks' RNG states: they belong to the layout %s; "
+                "Megatron drops them on a change of layout too)", p->left_out, from);
     }
     note_groups_cut(s, w->model.model, p->tp);
     cJSON *j = s->json;

@@ -238,6 +238,12 @@ expect_ok "fixture: the distributed optimizer, virtual pipeline, Core names" "$P
     --layers 8 --hidden 64 --heads 4 --ffn 128 --vocab 90 --names core --dist-opt --dtype bf16 --full "$WORK/g.full.pt"
 expect_ok "its state -> tp1pp2" "$RS" "$WORK/g" --to tp1pp2 --format tp -o "$WORK/g_tp1" --verify
 expect_ok "h5py: equal to PyTorch's unsharded state, every chunk's buffer" h5_judge "$WORK/g_tp1" "$WORK/g.full.pt"
+# Written as Megatron's, the source's chunks are not kept (consecutive layers
+# a stage), and the RNG states of its layout are left out: both said (the
+# second warning replaced the first).
+expect_ok "the virtual pipeline's weights as Megatron tp1pp2" "$RS" "$WORK/g" --to tp1 --weights-only -o "$WORK/g_meg"
+check "its chunks left are said beside its RNG states" \
+    grep -q "warning: the source's 2 chunks of layers a stage .* not kept: .*; the ranks' RNG states were left out" "$WORK/.err"
 # distrib_optim.pt lies beside the rank file it belongs to and names no rank:
 # two tensor-parallel ranks' files have the same sizes, so a swapped pair
 # was read as each other's (every moment and master in the other rank's
