@@ -843,7 +843,11 @@ static int read_rank_distributed(megatron_checkpoint *m, int stage, int tp_rank,
             if (open && start[k] < end)
                 status = tp_fail(TP_ERR_FORMAT, "%s: parameters overlap in the buffer of model chunk %d", file, v);
             if (open && (shared || previous_shared)) { /* a shared embedding's bucket of its own */
-                base += end - bucket_start;
+                /* Megatron closes the bucket before it at the embedding's start
+                 * padded to 64 elements (the gap counted in numel_unpadded, as
+                 * megatron_buffer_layout reads torch_dist's), the one after it at
+                 * its end. */
+                base += (shared ? (end + 63) / 64 * 64 : end) - bucket_start;
                 open = 0;
             }
             if (!open) {

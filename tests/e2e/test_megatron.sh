@@ -238,6 +238,15 @@ expect_ok "fixture: the distributed optimizer, virtual pipeline, Core names" "$P
     --layers 8 --hidden 64 --heads 4 --ffn 128 --vocab 90 --names core --dist-opt --dtype bf16 --full "$WORK/g.full.pt"
 expect_ok "its state -> tp1pp2" "$RS" "$WORK/g" --to tp1pp2 --format tp -o "$WORK/g_tp1" --verify
 expect_ok "h5py: equal to PyTorch's unsharded state, every chunk's buffer" h5_judge "$WORK/g_tp1" "$WORK/g.full.pt"
+# Rotary positions and a hidden size of 72: the parameter before the tied
+# embeddings' bucket (layer 0's norm) ends off the 64-element grid, and
+# Megatron counts the padding up to the embeddings' start in the bucket's
+# numel_unpadded; the reader ended the bucket at the norm's end and refused
+# the state as "buckets cut by size".
+expect_ok "fixture: the distributed optimizer, hidden 72, rotary, tied over pp 2" "$PY" "$FIXTURE" "$WORK/e72" --tp 2 \
+    --pp 2 --layers 2 --hidden 72 --heads 4 --ffn 128 --vocab 90 --rope --dist-opt --dtype bf16 --full "$WORK/e72.full.pt"
+expect_ok "its state -> tp1pp1" "$RS" "$WORK/e72" --to tp1pp1 --format tp -o "$WORK/e72_tp1" --verify
+expect_ok "h5py: equal to PyTorch's unsharded state" h5_judge "$WORK/e72_tp1" "$WORK/e72.full.pt"
 # Written as Megatron's, the source's chunks are not kept (consecutive layers
 # a stage), and the RNG states of its layout are left out: both said (the
 # second warning replaced the first).
