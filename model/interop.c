@@ -1276,6 +1276,15 @@ static int check_entries(gpt_import *im, const char *prefix)
             if (!llama) snprintf(wte, sizeof wte, "%swte.weight", prefix);
             int equal = 0;
             TP_TRY(safetensors_equal(im->set, name, wte, &equal));
+            /* A Llama reaches here only when config.json says the head is
+             * tied: this Llama has untied heads too, so what is wrong is
+             * the config or the file, not the model (the GPT-2's message,
+             * "cannot be expressed", sent users after a limit that is
+             * not there). */
+            if (!equal && llama)
+                return tp_fail(TP_ERR_FORMAT, "%s: lm_head.weight differs from %s, but config.json says "
+                               "tie_word_embeddings true (the head is the embedding); an untied Llama's config.json "
+                               "says tie_word_embeddings false", im->dir, wte);
             if (!equal)
                 return tp_fail(TP_ERR_FORMAT, "%s: lm_head.weight differs from %s: an untied output head cannot be expressed",
                                im->dir, wte);

@@ -26,7 +26,10 @@
 #   - config.json that is no JSON (a trailing comma, NaN) said with the
 #     line and column; a header name of invalid UTF-8 refused, escaped;
 #   - a tied lm_head.weight in another dtype with the embedding's values
-#     imported (it was "differs").
+#     imported (it was "differs");
+#   - a Llama whose config.json says tie_word_embeddings true beside an
+#     lm_head.weight of its own: the config named (it was "an untied output
+#     head cannot be expressed", which this Llama can).
 # Inputs are synthesized and exported here: no training.
 # tier: check
 . "$(dirname "$0")/lib.sh"
@@ -291,5 +294,12 @@ cp -r "$WORK/hf" "$WORK/lmf16-off"
 "$PY" "$WORK/st.py" lm-head-f16 "$WORK/lmf16-off" differ
 expect_error "one value apart, it is refused" 1 "lmf16-off: lm_head.weight differs from transformer.wte.weight" \
     "$CK" import "$WORK/lmf16-off" -o "$WORK/bad-lmf16" --tp 1 --pp 1
+# The Llama is untied (its own lm_head.weight); config.json saying tied
+# contradicts the file, and the message says which key, not a limit.
+edited tied-says "$WORK/hf-llama" 's/"tie_word_embeddings":[^,}]*/"tie_word_embeddings": true/'
+expect_error "a Llama's own lm_head beside tie_word_embeddings true: the config named" 1 \
+    "tied-says: lm_head.weight differs from model.embed_tokens.weight, but config.json says tie_word_embeddings true .*untied Llama's config.json says tie_word_embeddings false" \
+    "$CK" import "$WORK/tied-says" -o "$WORK/bad-tied-says" --tp 1 --pp 1
+check "nothing written for it" [ ! -e "$WORK/bad-tied-says" ]
 
 finish
