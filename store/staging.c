@@ -433,6 +433,14 @@ int store_stage(const store_ops *storage, const char *path, const store_stage_op
     char parent[TP_PATH_MAX], base[TP_PATH_MAX];
     TP_TRY(tp_split_path(path, parent, sizeof parent, base, sizeof base));
     if (strlen(path) >= TP_PATH_MAX) return tp_fail(TP_ERR_ARG, "path too long: %s", path);
+    /* A local path ending in '/' names a directory, which a file cannot be
+     * renamed to: a GGUF export to `-o m.gguf/` wrote the whole file and
+     * then failed on the rename, naming its staging file. (A URL's
+     * trailing slashes are dropped before it is sent: tp_path_canonical.) */
+    size_t length = strlen(path);
+    if (!options->directory && length > 1 && path[length - 1] == '/' && !store_is_remote(path))
+        return tp_fail(TP_ERR_ARG, "%s ends with '/', which names a directory, but this output is a file: name it "
+                       "without the '/'", path);
     if (!storage) TP_TRY(store_for(path, &storage));
     store_stat st;
     TP_TRY(storage->stat(storage, parent, &st));

@@ -85,6 +85,27 @@ Test(staging, two_writers_of_one_path_stage_apart)
     cr_assert(exists(path));
 }
 
+/* A file output at a path ending in '/' (`-o m.gguf/`) is refused before
+ * anything is staged: the rename of a staged file to a name that says
+ * "directory" failed only after the whole output was written, naming the
+ * staging file. A directory output may end in '/'. */
+Test(staging, a_file_output_ending_in_a_slash_is_refused_at_once)
+{
+    char path[700], base[700];
+    snprintf(path, sizeof path, "%s/m.gguf/", dir);
+    snprintf(base, sizeof base, "%s/m.gguf", dir);
+    store_stage_options file = {.directory = 0}, directory = {.directory = 1};
+    store_staged *s = NULL;
+    cr_assert_eq(store_stage(NULL, path, &file, &s), TP_ERR_ARG, "%s", tp_errmsg());
+    cr_assert_null(s);
+    cr_assert(strstr(tp_errmsg(), "m.gguf/ ends with '/'") && strstr(tp_errmsg(), "this output is a file"), "%s",
+              tp_errmsg());
+    cr_assert_eq(count_prefixed(dir, ".m.gguf."), 0, "nothing staged");
+    cr_assert_eq(store_stage(NULL, path, &directory, &s), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(store_staged_publish(s), TP_OK, "%s", tp_errmsg());
+    cr_assert(exists(base));
+}
+
 Test(staging, a_dead_writers_leftover_goes_and_a_live_ones_stays)
 {
     char path[700], dead[800], live[800];
