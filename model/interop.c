@@ -509,7 +509,7 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c)
 struct gpt_gguf_metadata {
     export_kv kvs[32];
     int count;
-    char name[256], size_label[32];
+    char *name, size_label[32]; /* name: the caller's, whole (a fixed buffer cut it, mid-character too) */
     /* The vocabulary, when one is written. */
     char **tokens;
     int32_t *token_types;
@@ -522,6 +522,7 @@ struct gpt_gguf_metadata {
 void gpt_gguf_metadata_free(gpt_gguf_metadata *m)
 {
     if (!m) return;
+    free(m->name);
     free(m->tokens);
     free(m->token_types);
     free(m->merges);
@@ -871,9 +872,17 @@ int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *c, const
         return tp_fail(TP_ERR_ARG, "the model's sizes do not fit GGUF's 32-bit hyperparameters");
     int64_t parameters = 0;
     TP_TRY(gpt_parameter_count(c, &parameters));
+    /* GGUF's strings are UTF-8 (gguf-py decodes them so): a name of other
+     * bytes is refused rather than written for readers to fail on. */
+    int64_t bad = tp_utf8_invalid_at(name, strlen(name));
+    if (bad >= 0)
+        return tp_fail(TP_ERR_ARG, "the model name for general.name is not valid UTF-8 (at byte %lld): GGUF strings are "
+                       "UTF-8", (long long)bad);
     gpt_gguf_metadata *m = calloc(1, sizeof *m);
-    if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory for GGUF metadata");
-    snprintf(m->name, sizeof m->name, "%s", name);
+    if (!m || !(m->name = strdup(name))) {
+        free(m);
+        return tp_fail(TP_ERR_NOMEM, "out of memory for GGUF metadata");
+    }
     gpt_size_label(parameters, m->size_label, sizeof m->size_label);
     int32_t eos = -1, bos = -1;
     int status = TP_OK, add_bos = -1;

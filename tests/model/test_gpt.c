@@ -231,6 +231,29 @@ Test(interop, a_byte_model_gets_a_byte_vocabulary)
     gpt_gguf_metadata_free(m);
 }
 
+/* general.name is the name given, whole: a fixed buffer cut a 400-byte
+ * name at 255 bytes, mid-character, and the GGUF held invalid UTF-8 (exit 0).
+ * A name that is no UTF-8 is refused: GGUF's strings are UTF-8. */
+Test(interop, the_gguf_name_is_kept_whole_and_utf8)
+{
+    gpt_config c;
+    cr_assert_eq(gpt_preset("tiny", &c), TP_OK);
+    char name[401];
+    for (int i = 0; i < 200; i++) memcpy(name + 2 * i, "\xc3\xa9", 2); /* U+00E9, 200 times */
+    name[400] = '\0';
+    gpt_gguf_metadata *m = NULL;
+    cr_assert_eq(gpt_gguf_metadata_create(&m, &c, name, NULL), TP_OK, "%s", tp_errmsg());
+    int n;
+    const export_kv *kvs = gpt_gguf_metadata_kvs(m, &n), *kv = find_kv(kvs, n, "general.name");
+    cr_assert(kv && kv->type == EXPORT_KV_STRING);
+    cr_assert_str_eq(kv->string, name, "%zu bytes written of 400", strlen(kv->string));
+    gpt_gguf_metadata_free(m);
+    m = NULL;
+    cr_assert_eq(gpt_gguf_metadata_create(&m, &c, "ab\xff", NULL), TP_ERR_ARG);
+    cr_assert_null(m);
+    cr_assert(strstr(tp_errmsg(), "general.name is not valid UTF-8 (at byte 2)"), "%s", tp_errmsg());
+}
+
 /* Llama: the real models' parameter counts (worked out from their
  * config.json: embeddings, per layer q, k, v, o, gate, up, down and two
  * norms, the final norm, and lm_head when untied), the catalogue without
