@@ -1283,6 +1283,15 @@ static int check_entries(gpt_import *im, const char *prefix)
             char wte[64];
             snprintf(wte, sizeof wte, "%s", llama ? "model.embed_tokens.weight" : "");
             if (!llama) snprintf(wte, sizeof wte, "%swte.weight", prefix);
+            /* The head without the embedding it is tied to: the name
+             * safetensors' save_model keeps of two shared tensors (the first
+             * in sorted order). Said as what is missing, with the file: it
+             * was "no tensor model.embed_tokens.weight", or for a GPT-2
+             * every other tensor "unexpected". */
+            if (!safetensors_find(im->set, wte))
+                return tp_fail(TP_ERR_FORMAT, "%s: tensor %s is missing, and lm_head.weight, which a tied model "
+                               "shares with it, is there: the embedding must be stored under %s",
+                               safetensors_tensor(im->set, i)->file, wte, wte);
             int equal = 0;
             TP_TRY(safetensors_equal(im->set, name, wte, &equal));
             /* A Llama reaches here only when config.json says the head is
@@ -1361,8 +1370,13 @@ int gpt_import_open(gpt_import **out, const char *dir, const gpt_import_request 
     if (!status && im->config.layers > safetensors_count(im->set))
         status = tp_fail(TP_ERR_FORMAT, "%s: %lld layers, but the safetensors files in %s hold %d tensors in all", path,
                          (long long)im->config.layers, dir, safetensors_count(im->set));
-    /* GPT2LMHeadModel saves under "transformer.", GPT2Model (and the hub's gpt2) without. */
-    const char *prefix = !status && safetensors_find(im->set, "transformer.wte.weight") ? "transformer." : "";
+    /* GPT2LMHeadModel saves under "transformer.", GPT2Model (and the hub's gpt2) without; told by
+     * either table (the token table may be stored as the tied lm_head.weight alone, which
+     * check_entries says: with the token table alone asked, every other tensor was "unexpected"). */
+    const char *prefix = !status && (safetensors_find(im->set, "transformer.wte.weight") ||
+                                     safetensors_find(im->set, "transformer.wpe.weight"))
+                             ? "transformer."
+                             : "";
     if (!status) status = gpt_name_map_create(&im->map, &im->config, EXPORT_SAFETENSORS, prefix);
     if (!status) status = gpt_catalog(&im->config, 0, &im->catalog, &im->count);
     if (!status) status = import_sources(im);

@@ -29,7 +29,11 @@
 #     imported (it was "differs");
 #   - a Llama whose config.json says tie_word_embeddings true beside an
 #     lm_head.weight of its own: the config named (it was "an untied output
-#     head cannot be expressed", which this Llama can).
+#     head cannot be expressed", which this Llama can);
+#   - a tied model's embedding stored as lm_head.weight alone (the name
+#     safetensors' save_model keeps of two shared tensors): the embedding
+#     said missing, with the file (a GPT-2's other tensors were all
+#     "unexpected", a Llama's "no tensor model.embed_tokens.weight").
 # Inputs are synthesized and exported here: no training.
 # tier: check
 . "$(dirname "$0")/lib.sh"
@@ -190,6 +194,9 @@ elif action == "lm-head-f16":  # a tied GPT-2 head in F16, the embedding exact i
     head = w.copy()
     if len(sys.argv) > 3: head[5] = np.float16(head[5] + 1)
     t["lm_head.weight"] = ("F16", t[wte][1], head.tobytes()); save(f, meta, t)
+elif action == "head-only":  # a tied model's embedding stored as lm_head.weight alone (save_model keeps that name)
+    f = d + "/model.safetensors"; meta, t = load(f)
+    t["lm_head.weight"] = t.pop(sys.argv[3]); save(f, meta, t)
 elif action == "bad-utf8":  # a tensor named "model.\xff": prints the file offset of the name
     f = d + "/model.safetensors"; meta, t = load(f)
     t["model.X"] = ("F32", [1], b"\0" * 4)
@@ -301,5 +308,18 @@ expect_error "a Llama's own lm_head beside tie_word_embeddings true: the config 
     "tied-says: lm_head.weight differs from model.embed_tokens.weight, but config.json says tie_word_embeddings true .*untied Llama's config.json says tie_word_embeddings false" \
     "$CK" import "$WORK/tied-says" -o "$WORK/bad-tied-says" --tp 1 --pp 1
 check "nothing written for it" [ ! -e "$WORK/bad-tied-says" ]
+
+# --- A tied embedding stored under the head's name alone.
+cp -r "$WORK/hf" "$WORK/head-only"
+"$PY" "$WORK/st.py" head-only "$WORK/head-only" transformer.wte.weight
+expect_error "a GPT-2 of lm_head.weight without transformer.wte.weight: the embedding said missing" 1 \
+    "head-only/model.safetensors: tensor transformer.wte.weight is missing, and lm_head.weight, which a tied model shares with it, is there" \
+    "$CK" import "$WORK/head-only" -o "$WORK/bad-head-only" --tp 1 --pp 1
+expect_ok "synth a tied Llama" "$CK" synth -o "$WORK/llama-tied" --tp 1 --pp 1 $LLAMA --tied-embeddings
+expect_ok "export it" "$CK" export "$WORK/llama-tied" --format safetensors -o "$WORK/hf-llama-tied"
+"$PY" "$WORK/st.py" head-only "$WORK/hf-llama-tied" model.embed_tokens.weight
+expect_error "a tied Llama of lm_head.weight without model.embed_tokens.weight: the file named" 1 \
+    "hf-llama-tied/model.safetensors: tensor model.embed_tokens.weight is missing, and lm_head.weight, which a tied model shares with it, is there" \
+    "$CK" import "$WORK/hf-llama-tied" -o "$WORK/bad-llama-tied" --tp 1 --pp 1
 
 finish
