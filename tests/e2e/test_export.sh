@@ -374,6 +374,14 @@ expect_ok "and the checkpoint verifies" "$CKPT" verify "$WORK/run"
 expect_error "an export into the source checkpoint" 2 "the output .*step_00000120/m.gguf lies inside the input .*step_00000120" \
     "$CKPT" export "$SRC" --format gguf -o "$SRC/m.gguf"
 check_all "nothing written into the source" '[ ! -e "$SRC/m.gguf" ] && [ -z "$(find "$SRC" -name ".*staging*")" ]'
+# An export named step_N among a run's checkpoints is not one of them: the
+# trainer reaching step N stopped there. Refused before anything is written.
+expect_error "an export named step_N in a run directory: refused, saying why" 1 \
+    "/run is a run directory, where step_00000130 names one of the run's checkpoints, which an export is not" \
+    "$CKPT" export "$SRC" --format safetensors -o "$WORK/run/step_00000130"
+check "nothing written there" [ ! -e "$WORK/run/step_00000130" ]
+expect_ok "the same name outside a run directory is anyone's" "$CKPT" export "$SRC" --format gguf \
+    -o "$WORK/step_00000130"
 cp "$SHARD" "$WORK/shard-copy.h5"
 expect_error "--force onto an HDF5 file that is no export (a shard's copy)" 1 \
     "shard-copy.h5 is not an HDF5 export \\(an HDF5 file whose root attribute format is 'tp-ckpt', not 'tp-toolkit merged weights'\\)" \
