@@ -660,6 +660,14 @@ int ckpt_run_dir_kind(const char *path, ckpt_dir_kind *kind, ckpt_candidate *new
  * instead, else it is left empty. An output not named step_N is anyone's.
  * Fails when the run directory cannot be listed. */
 int ckpt_run_output_refusal(const char *out, int64_t step, int new_model, char *why, size_t size);
+/* Whether an output that is not one of this toolkit's checkpoints (what
+ * names it: "an export", "a PyTorch distributed checkpoint") may be written
+ * at out: one named step_N inside a run directory (one holding committed
+ * checkpoints) sits among the run's checkpoints without being one, and
+ * tp-train, reaching step N, stops there (it replaces only checkpoints).
+ * Refused: *why says so, else it is left empty. Fails when the run
+ * directory cannot be listed. */
+int ckpt_foreign_output_refusal(const char *out, const char *what, char *why, size_t size);
 
 /* One live run per run directory: a trainer claims its directory for its
  * whole life, and a second one is refused at start naming the first

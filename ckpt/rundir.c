@@ -336,6 +336,22 @@ int ckpt_run_output_refusal(const char *out, int64_t step, int new_model, char *
     return TP_OK;
 }
 
+int ckpt_foreign_output_refusal(const char *out, const char *what, char *why, size_t size)
+{
+    why[0] = '\0';
+    char run_dir[CKPT_PATH_MAX], name[CKPT_PATH_MAX]; /* "RUN/step_3/" is step_3 */
+    if (tp_split_path(out, run_dir, sizeof run_dir, name, sizeof name) != TP_OK || ckpt_step_of_name(name) < 0)
+        return TP_OK;
+    ckpt_dir_kind kind;
+    ckpt_candidate newest;
+    TP_TRY(ckpt_run_dir_kind(run_dir, &kind, &newest));
+    if (kind == CKPT_DIR_RUN)
+        snprintf(why, size, "%s is a run directory, where %s names one of the run's checkpoints, which %s is not "
+                 "(tp-train, reaching that step, would stop there rather than replace it): give the output another "
+                 "name", run_dir, name, what);
+    return TP_OK;
+}
+
 /* Removes the temporary files of `latest` updates that died before their
  * rename: with the run directory locked, no update is under way. */
 static int remove_dead_temporary(void *ctx, const char *name)

@@ -1101,27 +1101,6 @@ static int run_export(void *ctx, const char *path)
     return export_run(j->reader, j->tensors, j->count, j->options, path, j->summary);
 }
 
-/* An export named step_N inside a run directory sits among the run's
- * checkpoints without being one: tp-train, reaching step N, stopped there
- * ("holds 'model.safetensors', which is not part of a checkpoint"), as it
- * replaces only checkpoints. Refused before anything is written: *why says
- * so, else it is left empty. */
-static int export_among_checkpoints(const char *out, char *why, size_t size)
-{
-    char run_dir[CKPT_PATH_MAX], name[CKPT_PATH_MAX];
-    why[0] = '\0';
-    if (tp_split_path(out, run_dir, sizeof run_dir, name, sizeof name) != TP_OK || ckpt_step_of_name(name) < 0)
-        return TP_OK;
-    ckpt_dir_kind kind;
-    ckpt_candidate newest;
-    TP_TRY(ckpt_run_dir_kind(run_dir, &kind, &newest));
-    if (kind == CKPT_DIR_RUN)
-        snprintf(why, size, "%s is a run directory, where %s names one of the run's checkpoints, which an export is "
-                 "not (tp-train, reaching that step, would stop there rather than replace it): give the export another "
-                 "name", run_dir, name);
-    return TP_OK;
-}
-
 static int cmd_export(int argc, char **argv)
 {
     export_options options;
@@ -1197,7 +1176,7 @@ static int cmd_export(int argc, char **argv)
         return code;
     }
     char among[2 * CKPT_PATH_MAX + 256];
-    if (export_among_checkpoints(out, among, sizeof among) || among[0]) {
+    if (ckpt_foreign_output_refusal(out, "an export", among, sizeof among) || among[0]) {
         formats_source_close(source);
         return fail("%s", among[0] ? among : tp_errmsg());
     }

@@ -258,6 +258,18 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
             formats_write_plan_free(plan);
             return refused;
         }
+    } else if (in_run_directory) {
+        /* Another tool's checkpoint named step_N among the run's: tp-train,
+         * reaching step N, stopped there (ckpt_foreign_output_refusal). */
+        char why[3 * CKPT_PATH_MAX + 512], what[160];
+        snprintf(what, sizeof what, "a %s", format->title);
+        int refused = 0;
+        if (ckpt_foreign_output_refusal(out, what, why, sizeof why)) refused = fail("%s", tp_errmsg());
+        else if (why[0]) refused = (fail("%s", why), 2); /* a usage error, as the refusal above */
+        if (refused) {
+            formats_write_plan_free(plan);
+            return refused;
+        }
     }
     int threads = options->reshard.threads;
     progress_start(&bar, "reshard", s->bytes_written, force_progress);

@@ -123,6 +123,13 @@ expect_error "reshard named for a step it does not record" 2 \
 check "nothing written for it" [ ! -e "$WORK/run/step_00000100" ]
 expect_ok "reshard into a run directory" "$RS" "$WORK/src" --to tp4 -o "$WORK/run/step_00000000"
 check "latest points at it" [ "$(cat "$WORK/run/latest")" = "step_00000000" ]
+# Another tool's checkpoint named step_N among the run's is not one of them:
+# tp-train, reaching step N, stopped there ('holds __0_0.distcp, which is
+# not part of a checkpoint'); written before (exit 0).
+expect_error "a DCP named step_N in a run directory: refused, saying why" 2 \
+    "/run is a run directory, where step_00000007 names one of the run's checkpoints, which a PyTorch distributed checkpoint is not" \
+    "$RS" "$WORK/src" --to tp1 --format dcp -o "$WORK/run/step_00000007"
+check "nothing written there" [ ! -e "$WORK/run/step_00000007" ]
 # A run directory's default output is named after it, beside it: named
 # after the step read (run/step_00000000_tp2pp2) it lay inside the input,
 # where -o is refused.
