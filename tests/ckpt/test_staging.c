@@ -424,8 +424,8 @@ Test(staging, a_claim_whose_holder_is_ending_is_waited_for, .timeout = 30)
     store_host_name(host, sizeof host);
     cr_assert(store_process_ending(host, (long)child));
     pthread_t closer;
+    double start = now_seconds(); /* before the closer starts: a pause of this thread cannot shorten the wait seen */
     cr_assert_eq(pthread_create(&closer, NULL, close_later, &release[1]), 0);
-    double start = now_seconds();
     cr_assert_eq(ckpt_run_claim_free(dir), TP_OK, "waited for: %s", tp_errmsg());
     cr_assert_geq(now_seconds() - start, 0.2, "the lock was still held when asked");
     pthread_join(closer, NULL);
