@@ -69,7 +69,10 @@ static int from_checkpoint(const char *path, const gpt_options *given, elastic_p
         status = tp_fail(TP_ERR_ARG, "a %s that records no model of this toolkit's: give the model flags instead",
                          formats_source_format(source)->title);
     else status = gpt_config_from_json(model_json, &r->model);
-    if (!status && !megatron && checkpoint_record_bf16(ckpt_reader_state(reader)->user_json)) r->model.dtype = TP_BF16;
+    /* As checkpoint_run_model: without a record saying bf16 the run trains in fp32, whatever the weights' dtype
+     * (a bf16 checkpoint of tp-ckpt synth or import was planned as bf16 and resumed in fp32). */
+    if (!status && !megatron)
+        r->model.dtype = checkpoint_record_bf16(ckpt_reader_state(reader)->user_json) ? TP_BF16 : TP_FP32;
     if (!status && given->dtype_given) r->model.dtype = given->explicit_shape.dtype;
     if (status) tp_fail_context(status, "%s: its model", path);
     if (!status && !r->current_tp) {

@@ -228,6 +228,15 @@ check "--ckpt of a bf16 run: the model's dtype bf16 in the request" "$PY" -c 'im
 assert json.load(open(sys.argv[1]))["request"]["model"]["dtype"] == "bf16"' "$WORK/plan_ckpt.json"
 expect_ok "plan of the bf16 run, text" "$ELASTIC" plan --world 4 --ckpt "$WORK/bf16run" --global-batch 8
 check "the text says bf16 on its first line" grep -q "^4 ranks, global batch 8, micro-batch up to 8, bf16" "$WORK/.out"
+# A checkpoint of bf16 weights without a run's record (tp-ckpt synth's,
+# an import's) resumes in fp32, as tp-train --resume takes it: planned so
+# (it was planned as bf16).
+mkdir "$WORK/synthrun"
+expect_ok "a bf16 checkpoint without a run record" "$BIN/tp-ckpt" synth -o "$WORK/synthrun/step_00000000" --tp 1 --pp 1 \
+    --model tiny --dtype bf16
+expect_ok "its plan" "$ELASTIC" plan --world 4 --ckpt "$WORK/synthrun" --global-batch 8
+check "planned in fp32, as it resumes: no precision on the first line" \
+    grep -q "^4 ranks, global batch 8, micro-batch up to 8, current tp1 pp1" "$WORK/.out"
 
 # --------------------------------------------------- impossible requests
 expect_error "nothing fits in 1 MiB" 1 "no layout is valid for 4 ranks: tp1 pp1: needs .* 1.0 MiB given" \
