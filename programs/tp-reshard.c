@@ -262,7 +262,7 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
         /* Another tool's checkpoint named step_N among the run's: tp-train,
          * reaching step N, stopped there (ckpt_foreign_output_refusal). */
         char why[3 * CKPT_PATH_MAX + 512], what[160];
-        snprintf(what, sizeof what, "a %s", format->title);
+        snprintf(what, sizeof what, "a %s%s", format->title, strstr(format->title, "checkpoint") ? "" : " checkpoint");
         int refused = 0;
         if (ckpt_foreign_output_refusal(out, what, why, sizeof why)) refused = fail("%s", tp_errmsg());
         else if (why[0]) refused = (fail("%s", why), 2); /* a usage error, as the refusal above */

@@ -77,9 +77,14 @@ else
     check "at once (1 s of grace for a holder that is exiting): $ms ms, where the lease's period is 10 s" [ "$ms" -lt 4000 ]
     expect_error "tp-reshard -o the live run's step --force: refused" 1 "$LIVE" \
         "$RS" "$WORK/s50b" --to tp1pp1 -o "$U/trun/step_00000050" --force
-    expect_error "tp-reshard --format megatron -o a step of the live run: refused" 1 "$LIVE" \
+    # Another tool's checkpoint or an export named step_N in a run directory
+    # is not one of its checkpoints: refused as such (ckpt_foreign_output_refusal),
+    # live run or not, before its claim is asked.
+    expect_error "tp-reshard --format megatron -o a step of the live run: refused" 2 \
+        "trun is a run directory, where step_00000070 names one of the run's checkpoints, which a Megatron-LM" \
         "$RS" "$WORK/s50b" --to tp1pp1 --format megatron -o "$U/trun/step_00000070"
-    expect_error "export -o a step of the live run: refused" 1 "$LIVE" \
+    expect_error "export -o a step of the live run: refused" 1 \
+        "trun is a run directory, where step_00000080 names one of the run's checkpoints, which an export is not" \
         "$CK" export "$WORK/s50b" --format hdf5 -o "$U/trun/step_00000080"
     check_all "the run directory holds its step 50 alone" \
         '[ "$(ls "$DAV/trun" | grep step_ | tr "\n" " ")" = "step_00000050 " ] && cmp -s "$WORK/s50/shard_pp00_tp00.h5" "$DAV/trun/step_00000050/shard_pp00_tp00.h5"'
