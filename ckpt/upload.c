@@ -850,6 +850,10 @@ int ckpt_commit_uploaded(const char *url, const ckpt_layout *layout, const ckpt_
     return ckpt_upload_latest(url);
 }
 
+/* Reads of `latest` after its PUT before an older name there is taken for
+ * what the store kept (ckpt_upload_latest). */
+#define LATEST_READ_BACKS 5
+
 int ckpt_upload_latest(const char *checkpoint_url)
 {
     char run_url[CKPT_PATH_MAX], name[CKPT_NAME_MAX + 1], path[CKPT_PATH_MAX];
@@ -874,8 +878,25 @@ int ckpt_upload_latest(const char *checkpoint_url)
     int n = snprintf(text, sizeof text, "%s\n", name);
     TP_TRY(store_put_data(path, text, (size_t)n));
     /* Read back, as an index is: a PUT answered 201 but not kept left the
-     * older step's name there, a resume took it, and "copied" was said. */
-    return store_check_kept(path, text, n);
+     * older step's name there, a resume took it, and "copied" was said. A
+     * newer step's name is another writer's, come meanwhile (it stays, as
+     * above); an older one is read again for a moment (a store slow to show
+     * an overwrite) before the upload fails. */
+    char kept[CKPT_NAME_MAX + 2] = "";
+    for (int attempt = 0; attempt < LATEST_READ_BACKS; attempt++) {
+        if (attempt) sleep_seconds(0.25);
+        char *seen = NULL;
+        status = store_read_text_file(path, CKPT_NAME_MAX + 2, &seen, NULL);
+        if (status && status != TP_ERR_NOT_FOUND)
+            return tp_fail_context(status, "%s: reading the run's latest back", checkpoint_url);
+        snprintf(kept, sizeof kept, "%s", seen ? seen : "");
+        free(seen);
+        kept[strcspn(kept, "\r\n")] = '\0';
+        if (!strcmp(kept, name) || (step >= 0 && ckpt_step_of_name(kept) > step)) return TP_OK;
+    }
+    return tp_fail(TP_ERR_IO, "%s: the store kept %s%s%s after its PUT of '%s' was answered as done (read back %d times "
+                   "over %.2g s)", path, status ? "nothing" : "'", status ? "" : kept, status ? "" : "'", name,
+                   LATEST_READ_BACKS, 0.25 * (LATEST_READ_BACKS - 1));
 }
 
 /* ------------------------------------------------- files other than checkpoints */

@@ -4,6 +4,7 @@
  * each tensor's name is mapped to a canonical one, its expected piece shape
  * computed from its description and checked on every rank. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -774,6 +775,9 @@ static int check_main_copy(const char *path, const char *file, int chunk, const 
         if (memcmp(stored + i * size, rounded + i * size, size)) {
             float w;
             convert_numbers(stored + i * size, dtype, &w, TP_FP32, 1);
+            /* A diverged run's NaN: PyTorch's copy writes its canonical NaN,
+             * our rounding keeps the main copy's sign and payload. */
+            if (isnan(w) && isnan(copy[i])) continue;
             return tp_fail(TP_ERR_FORMAT, "%s: the main copy of %s (model chunk %d param[%lld:]) is not the weight %s holds "
                            "(element %lld: %.9g, the weight %.9g): this distrib_optim.pt is of another rank, stage or save",
                            path, name, chunk, (long long)offset, file, (long long)i, (double)copy[i], (double)w);

@@ -1176,9 +1176,11 @@ static int cmd_export(int argc, char **argv)
         return code;
     }
     char among[2 * CKPT_PATH_MAX + 256];
-    if (ckpt_foreign_output_refusal(out, "an export", among, sizeof among) || among[0]) {
+    code = ckpt_foreign_output_refusal(out, "an export", among, sizeof among) ? fail("%s", tp_errmsg()) : 0;
+    if (!code && among[0]) code = (cli_error("tp-ckpt", "%s", among), 2); /* a usage error, as run_output_refused's */
+    if (code) {
         formats_source_close(source);
-        return fail("%s", among[0] ? among : tp_errmsg());
+        return code;
     }
     ckpt_reader *r = formats_source_reader(source);
     /* A Megatron GPT (legacy or torch_dist): its config for the names and

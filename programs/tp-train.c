@@ -259,7 +259,7 @@ static int eval_command(int argc, char **argv)
     /* A layout the checkpoint's model does not divide into (heads over
      * --tp, layers over --pp) is the command line's, as training's: a usage
      * error (2), known only once the checkpoint's model was read. */
-    if (status == TP_ERR_LAYOUT && result.all_ranks_know) {
+    if (status && result.layout_refused && result.all_ranks_know) {
         if (cm->rank == 0) fprintf(stderr, "tp-train: %s (see tp-train eval --help)\n", tp_errmsg());
         comm_free(cm);
         return 2;

@@ -67,8 +67,10 @@ int object_answer_error(const char *method, const char *path, const http_respons
         return tp_fail(TP_ERR_NOT_FOUND, "%s: no such object (HTTP 404%s)", path, detail);
     /* S3 names the bucket's region (x-amz-bucket-region) in its answers to
      * requests signed for, or sent to, another (a 400, to a HEAD without a
-     * body; a 301 PermanentRedirect): the remedy said with it. */
-    if (r->bucket_region[0] && !strncmp(path, "s3://", 5)) {
+     * body; a 301 PermanentRedirect): the remedy said with it. Those codes
+     * alone: some S3-compatible stores (MinIO with a region set) send the
+     * header with every answer, a 503's too. */
+    if ((r->code == 400 || r->code == 301) && r->bucket_region[0] && !strncmp(path, "s3://", 5)) {
         char used[160];
         object_s3_region(used, sizeof used);
         size_t name = strcspn(used, ",");

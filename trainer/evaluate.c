@@ -105,7 +105,10 @@ int eval_run(const eval_options *o, comm *c, eval_result *out)
      * share: a micro-batch beyond them was computed (and allocated: 883 MB
      * for one window at --micro-batch 2048 of the tiny model) for nothing. */
     int64_t share = windows / c->dp + (windows % c->dp != 0);
-    if (!status) status = inference_model(config, resolved, c, o->micro_batch < share ? o->micro_batch : share, T, &m);
+    if (!status) {
+        status = inference_model(config, resolved, c, o->micro_batch < share ? o->micro_batch : share, T, &m);
+        out->layout_refused = status == TP_ERR_LAYOUT; /* every rank's model is the same: so is the verdict */
+    }
     if (!status && !(window = malloc((size_t)(T + 1) * sizeof(int)))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     status = comm_agree_first(c, status, o->ckpt);
     load_result loaded;

@@ -34,6 +34,8 @@ typedef struct {
     char path[4096];  /* the checkpoint loaded */
     int all_ranks_know; /* after a failure: 1 when every rank failed with it; 0 when others may wait on this
                            rank in a collective (the caller ends them: comm_abort) */
+    int layout_refused; /* after a failure: the checkpoint's model does not divide into the layout asked for
+                           (heads over tp, layers over pp): the command line's, on every rank */
 } eval_result;
 
 /* Mean cross-entropy over windows 0..N-1 of the token stream, where window

@@ -376,7 +376,7 @@ expect_error "an export into the source checkpoint" 2 "the output .*step_0000012
 check_all "nothing written into the source" '[ ! -e "$SRC/m.gguf" ] && [ -z "$(find "$SRC" -name ".*staging*")" ]'
 # An export named step_N among a run's checkpoints is not one of them: the
 # trainer reaching step N stopped there. Refused before anything is written.
-expect_error "an export named step_N in a run directory: refused, saying why" 1 \
+expect_error "an export named step_N in a run directory: refused, saying why" 2 \
     "/run is a run directory, where step_00000130 names one of the run's checkpoints, which an export is not" \
     "$CKPT" export "$SRC" --format safetensors -o "$WORK/run/step_00000130"
 check "nothing written there" [ ! -e "$WORK/run/step_00000130" ]

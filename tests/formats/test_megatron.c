@@ -465,7 +465,8 @@ Test(megatron, copies_of_a_tensor_are_compared)
      * first moments of a stage (s1: its replicated parameters', and the
      * word embeddings' piece 1, which the last stage's copy no longer
      * equals; its master weights changed so, s2, no longer round to the
-     * rank file's weights: the optimizer state is refused), a NaN in tp rank 3's final norm (u1), the same NaN in every
+     * rank file's weights: the optimizer state is refused), every weight
+     * and main copy NaN (s3: a diverged run, read), a NaN in tp rank 3's final norm (u1), the same NaN in every
      * copy (u2: equal, bit for bit). */
     char command[6000];
     snprintf(command, sizeof command,
@@ -486,12 +487,23 @@ Test(megatron, copies_of_a_tensor_are_compared)
              "    w = sd[0][next(iter(sd[0]))]; w[\"exp_avg\"] += 1\n"
              "def main_copies(sd):\n"
              "    w = sd[0][next(iter(sd[0]))]; w[\"param\"] += 1\n"
+             "def nans(x):\n"
+             "    if torch.is_tensor(x) and x.is_floating_point(): x.fill_(float(\"nan\"))\n"
+             "    elif isinstance(x, dict): [nans(v) for v in x.values()]\n"
+             "def negative_nan_main_copies(sd):\n"
+             "    for chunk in (c for k, c in sd.items() if isinstance(k, int)):\n"
+             "        for buffer in (b for b in chunk.values() if isinstance(b, dict) and \"param\" in b):\n"
+             "            buffer[\"param\"].fill_(-float(\"nan\"))\n"
+             "def diverged(sd):\n"
+             "    negative_nan_main_copies(sd) if \"model\" not in sd else nans(sd[\"model\"])\n"
              "def nan(sd):\n"
              "    sd[\"model\"][\"decoder.final_layernorm.weight\"][5] = float(\"nan\")\n"
              "edit(\"r1\", \"mp_rank_01_001/model_optim_rng.pt\", moment)\n"
              "edit(\"r2\", \"mp_rank_00_001/model_optim_rng.pt\", master)\n"
              "edit(\"s1\", \"mp_rank_01_000/distrib_optim.pt\", world)\n"
              "edit(\"s2\", \"mp_rank_01_000/distrib_optim.pt\", main_copies)\n"
+             "edit(\"s3\", \" \".join(\"mp_rank_%%02d_%%03d/%%s\" %% (t, p, f) for t in range(2) for p in range(2) "
+             "for f in (\"model_optim_rng.pt\", \"distrib_optim.pt\")), diverged)\n"
              "edit(\"u1\", \"mp_rank_03/model_optim_rng.pt\", nan)\n"
              "edit(\"u2\", \" \".join(\"mp_rank_%%02d/model_optim_rng.pt\" %% t for t in range(4)), nan)' %s",
              fixture_python(), dir);
@@ -520,6 +532,14 @@ Test(megatron, copies_of_a_tensor_are_compared)
                   strstr(refusal, " is not the weight ") && strstr(refusal, "/s2/iter_0001000/mp_rank_01_000/model_optim_rng.pt holds"),
               "%s", refusal ? refusal : "(read)");
     cr_assert_eq(status, TP_ERR_FORMAT);
+    megatron_close(m);
+    /* A diverged run: every weight PyTorch's NaN, every main copy a NaN of
+     * the other sign. The files belong together: the state is read (it was
+     * refused as another rank's). */
+    snprintf(path, sizeof path, "%s/s3", dir);
+    cr_assert_eq(megatron_open(path, &m), TP_OK, "%s", tp_errmsg());
+    refusal = megatron_optimizer_refusal(m, &status);
+    cr_assert_null(refusal, "%s", refusal);
     megatron_close(m);
     const char *u1[] = {"final_norm.weight (decoder.final_layernorm.weight) is replicated over the tensor-parallel ranks "
                         "and its copies differ: element [5] is nan (0x7fc00000) in ",
