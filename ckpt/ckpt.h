@@ -730,8 +730,11 @@ int ckpt_may_replace_checkpoint(const store_ops *storage, const char *path, void
  * place; writers write locally and upload. */
 int ckpt_is_remote(const char *path);
 
+/* Files and parts an upload or download keeps in flight unless told. */
+#define CKPT_TRANSFER_THREADS 8
+
 typedef struct {
-    int threads; /* files and parts in flight (0: 8) */
+    int threads; /* files and parts in flight (0: CKPT_TRANSFER_THREADS) */
     int replace; /* a checkpoint already at the URL is replaced (it vanishes first) */
     void (*on_file)(void *ctx, int64_t bytes); /* a shard file arrived (any thread) */
     void *ctx;

@@ -40,7 +40,7 @@ int ckpt_is_remote(const char *path)
 /* Files (and parts) an upload or download keeps in flight. */
 static int transfer_threads(const ckpt_upload_options *options)
 {
-    return options && options->threads > 0 ? options->threads : 8;
+    return options && options->threads > 0 ? options->threads : CKPT_TRANSFER_THREADS;
 }
 
 /* ------------------------------------------------------ one upload per URL */

@@ -271,9 +271,15 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
             return refused;
         }
     }
-    int threads = options->reshard.threads;
+    /* --memory-limit bounds the whole run: the upload of a remote output
+     * (which verifies the local copy first) and --verify read the output
+     * back on no more threads than it leaves room for, as the write did. */
+    int asked = options->reshard.threads;
+    int64_t limit = options->reshard.memory_limit;
+    int upload_threads = reshard_verify_threads(limit, asked > 0 ? asked : CKPT_TRANSFER_THREADS);
+    int threads = reshard_verify_threads(limit, asked > 0 ? asked : parallel_cpu_count());
     progress_start(&bar, "reshard", s->bytes_written, force_progress);
-    int code = cli_write_output(out, options->reshard.overwrite, format->writer->may_replace, NULL, threads,
+    int code = cli_write_output(out, options->reshard.overwrite, format->writer->may_replace, NULL, upload_threads,
                                 in_run_directory && s->keeps_latest, run_write, plan)
                    ? fail("%s", tp_errmsg())
                    : 0;

@@ -97,6 +97,13 @@ typedef struct {
  * tensors whose dtype changed, with the digest of the converted source
  * values, computed from the source). */
 int reshard_verify(ckpt_reader *source, ckpt_reader *output, int threads, reshard_verify_result *result);
+/* Threads, up to `threads`, that may read an output back within a memory
+ * limit (limit; 0: RESHARD_DEFAULT_MEMORY) after it is written: reshard_verify,
+ * reopening it to compute its digests, verifying and uploading it to an object
+ * store. The limit bounds the whole run, not the write alone, and each such
+ * thread reads slabs of up to 16 MiB beside its scratch. At least 1: the write
+ * ran within the limit on as many threads as it had room for. */
+int reshard_verify_threads(int64_t limit, int threads);
 
 /* Reads piece `piece` of tensor `index` of source as it is laid out at degree
  * tp (target: the source's description, the dtype possibly changed) into

@@ -90,6 +90,13 @@ static int verify_tensor(void *ctx, int64_t i, int thread)
     return 0;
 }
 
+int reshard_verify_threads(int64_t limit, int threads)
+{
+    int64_t share, beside;
+    int fit = reshard_threads_within(limit, threads, VERIFY_SLAB_BYTES, &share, &beside);
+    return fit > 0 ? fit : 1;
+}
+
 int reshard_verify(ckpt_reader *source, ckpt_reader *output, int threads, reshard_verify_result *result)
 {
     memset(result, 0, sizeof *result);

@@ -122,6 +122,21 @@ sys.exit(not (i["step"] == 10 and i["layout"]["tp"] == 2 and i["layout"]["pp"] =
     check "reshard local -> remote: verified" grep -q "^verified: 84 tensors equal" "$WORK/.out"
     check_all "reshard local -> remote: on the server, index and shard" \
         '[ -s "$DAV/r-remote/index.json" ] && [ -s "$DAV/r-remote/shard_pp00_tp00.h5" ]'
+    # The upload (which verifies the local copy first) kept 8 transfers
+    # whatever --memory-limit left room for: 128 MB within 64 MiB.
+    if [ "${SANITIZED:-0}" = 1 ]; then
+        echo "SKIP [$NAME] an upload's peak RSS within --memory-limit: not measurable under AddressSanitizer"
+    else
+        expect_ok "local synth of 384 MB" "$CK" synth -o "$WORK/fat" --tp 4 --pp 1 --layers 2 --dim 1024 --heads 8 \
+            --vocab 8000 --seq 64 --optim --seed 1
+        expect_ok "reshard local -> remote within 64 MiB" "$RS" "$WORK/fat" --to tp2 -o "$U/fat2" --memory-limit 64M --json
+        check "its peak RSS, the upload's included, within the limit" "$PY" -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["peak_rss_bytes"] <= 64 * 2**20, j["peak_rss_bytes"]' "$WORK/.out"
+        expect_ok "what went up is the source" "$CK" diff "$WORK/fat" "$U/fat2"
+        rm -rf "$WORK/fat"
+    fi
     expect_ok "reshard remote -> remote --verify" "$RS" "$U/run/step_00000010" --to tp1pp2 -o "$U/r-remote2" --verify
     check "reshard remote -> remote: verified" grep -q "^verified: 84 tensors equal" "$WORK/.out"
     expect_ok "the three reshards are equal (remote tp1pp2 vs remote tp1pp1)" "$CK" diff "$U/r-remote2" "$U/r-remote"

@@ -236,6 +236,18 @@ Test(reshard, impossible_targets_name_the_tensor)
     free(t.logical);
 }
 
+/* Reading an output back (--verify, an upload) keeps to the limit the write
+ * kept to: fewer threads where it leaves no room, never none. */
+Test(reshard, verify_threads_within_memory)
+{
+    cr_assert_eq(reshard_verify_threads(64 << 20, 8), 1);
+    cr_assert_eq(reshard_verify_threads(1, 8), 1);
+    cr_assert_eq(reshard_verify_threads((int64_t)1 << 30, 8), 8);
+    cr_assert_eq(reshard_verify_threads(0, 4), 4, "0 is the default limit, 1 GiB");
+    int some = reshard_verify_threads(256 << 20, 64);
+    cr_assert(some > 1 && some < 64, "%d threads within 256 MiB", some);
+}
+
 Test(reshard, layouts_parse)
 {
     int tp, pp, v;
