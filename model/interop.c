@@ -470,9 +470,13 @@ int gpt_hf_config_parse(const char *json, const char *where, gpt_config *c)
             c->ffn = (int64_t)v->valuedouble;
         else status = tp_fail(TP_ERR_FORMAT, "%s: 'n_inner' must be null or an integer in 1..%.0f", where, most);
     }
+    /* transformers' three names of GELU's tanh form: gelu_new, gelu_pytorch_tanh
+     * and gelu_fast (FastGELUActivation: the same formula, its constant
+     * written 0.7978845608). */
     v = cJSON_GetObjectItemCaseSensitive(o, "activation_function");
     if (!status && v &&
-        (!cJSON_IsString(v) || (strcmp(v->valuestring, "gelu_new") != 0 && strcmp(v->valuestring, "gelu_pytorch_tanh") != 0)))
+        (!cJSON_IsString(v) || (strcmp(v->valuestring, "gelu_new") != 0 && strcmp(v->valuestring, "gelu_pytorch_tanh") != 0 &&
+                                strcmp(v->valuestring, "gelu_fast") != 0)))
         status = tp_fail(TP_ERR_FORMAT, "%s: activation_function %s: tp-train computes GELU's tanh form (gelu_new) only",
                          where, cJSON_IsString(v) ? v->valuestring : "(not a string)");
     v = cJSON_GetObjectItemCaseSensitive(o, "layer_norm_epsilon");

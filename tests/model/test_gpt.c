@@ -442,6 +442,25 @@ Test(interop, llama3_rope_factor_below_one_is_refused)
     }
 }
 
+/* GELU's tanh form under each of transformers' names is read; the exact
+ * GELU is refused, naming the key. */
+Test(interop, gelu_tanh_under_every_name_transformers_gives_it)
+{
+    const char *names[] = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast"};
+    char json[512];
+    gpt_config c;
+    for (int i = 0; i < 3; i++) {
+        snprintf(json, sizeof json, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, "
+                 "\"vocab_size\": 50, \"n_positions\": 16, \"activation_function\": \"%s\"}", names[i]);
+        cr_assert_eq(gpt_hf_config_parse(json, "c.json", &c), TP_OK, "%s: %s", names[i], tp_errmsg());
+    }
+    cr_assert_eq(gpt_hf_config_parse("{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, "
+                                     "\"vocab_size\": 50, \"n_positions\": 16, \"activation_function\": \"gelu\"}",
+                                     "c.json", &c), TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "c.json: activation_function gelu: tp-train computes GELU's tanh form"), "%s",
+              tp_errmsg());
+}
+
 /* A number given as a string is said to be one, not reported as nan. */
 Test(interop, a_number_given_as_a_string_is_named_a_string)
 {
