@@ -759,6 +759,13 @@ typedef struct {
     double rtol, atol;
 } diff_job;
 
+/* The rows diff compares at a time, per side and thread (fp32 after
+ * widening). 16 MiB slabs, four buffers a thread, held 0.57 GB at 8
+ * threads on a 547 MB checkpoint (glibc keeps freed large buffers in the
+ * threads' arenas once its mmap threshold has risen to their size), 145 MB
+ * on one; 1 MiB: 94 and 44 MB, in the same processor time (docs/BENCHMARKS.md). */
+#define DIFF_SLAB_BYTES (1 << 20)
+
 static int diff_one(void *ctx, int64_t i, int thread)
 {
     (void)thread;
@@ -773,7 +780,7 @@ static int diff_one(void *ctx, int64_t i, int thread)
         d->shapes_differ = 1;
         return 0;
     }
-    d->status = ckpt_compare_tensor(job->a, d->a, job->b, d->b, job->rtol, job->atol, 16 << 20, &d->result);
+    d->status = ckpt_compare_tensor(job->a, d->a, job->b, d->b, job->rtol, job->atol, DIFF_SLAB_BYTES, &d->result);
     if (d->status) snprintf(d->message, sizeof d->message, "%s", tp_errmsg());
     return 0;
 }

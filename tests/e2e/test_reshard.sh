@@ -175,6 +175,21 @@ assert j["peak_rss_bytes"] <= 64 * 2**20, j["peak_rss_bytes"]
     rm -rf "$WORK/big3"
 fi
 expect_ok "and it is right" "$CK" diff "$WORK/big" "$WORK/big2"
+if [ "${SANITIZED:-0}" = 1 ]; then
+    echo "SKIP [$NAME] peak RSS of diff on 8 threads: not measurable under AddressSanitizer"
+else
+    # diff compares in slabs of 1 MiB a side: of 16 MiB, this one (545 MB,
+    # 208 tensors, 8 threads) peaked at about 500 MB resident; now about 90.
+    expect_ok "a checkpoint of 545 MB" "$CK" synth -o "$WORK/rss" --tp 4 --pp 1 --layers 4 --dim 768 --heads 8 \
+        --vocab 16000 --dtype bf16 --seq 64 --optim --seed 1
+    check "diff on 8 threads within 200 MiB resident" "$PY" -c '
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+assert peak <= 200 * 2**20, peak
+' "$CK" diff "$WORK/rss" "$WORK/rss" --threads 8
+    rm -rf "$WORK/rss"
+fi
 
 # ------------------------------------------------------------ bad input
 expect_error "--from mismatch" 1 "--from tp4 does not match .* which is tp8pp2" "$RS" "$WORK/src" --from tp4 --to tp2 -o "$WORK/x1"
