@@ -61,7 +61,7 @@ static const char *usage_text =
  * toolkit's own read against its checksums; with every_damage (verify's
  * whole check), its missing or cut-short shard files failing their pieces,
  * not the open, and each shard file's metadata checked in a store too. */
-static formats_source *open_or_die(const char *path, int verify, int every_damage, int *exit_code)
+static formats_source *open_or_die(const char *path, int verify, int every_damage, int64_t true_vocab, int *exit_code)
 {
     cli_path("tp-ckpt", "the checkpoint's path", path);
     ckpt_read_options read;
@@ -69,7 +69,7 @@ static formats_source *open_or_die(const char *path, int verify, int every_damag
     read.verify = verify;
     read.damaged_files_fail_pieces = every_damage;
     read.check_metadata = every_damage;
-    formats_source_options options = {.read = &read};
+    formats_source_options options = {.read = &read, .true_vocab = true_vocab};
     formats_source *source = NULL;
     if (formats_source_open(path, NULL, &options, &source) != TP_OK) {
         *exit_code = fail("%s", tp_errmsg());
@@ -490,7 +490,7 @@ static int cmd_info(int argc, char **argv)
     if (!strcmp(format->name, "torch_dist")) return info_megatron_dist(argv[optind], json);
     if (!strcmp(format->name, "dcp")) return info_dcp(argv[optind], json);
     if (!strcmp(format->name, "megatron")) return info_megatron(argv[optind], json);
-    formats_source *source = open_or_die(argv[optind], 0, 0, &code);
+    formats_source *source = open_or_die(argv[optind], 0, 0, 0, &code);
     if (!source) return code;
     ckpt_reader *r = formats_source_reader(source);
     if (json) code = info_json(r);
@@ -659,7 +659,7 @@ static int cmd_verify(int argc, char **argv)
     if (!strcmp(format->name, "torch_dist") || !strcmp(format->name, "dcp"))
         return verify_dcp(argv[optind], format, (int)threads);
     if (!strcmp(format->name, "megatron")) return verify_megatron(argv[optind], (int)threads);
-    formats_source *source = open_or_die(argv[optind], 1, 1, &code); /* every damaged file reported */
+    formats_source *source = open_or_die(argv[optind], 1, 1, 0, &code); /* every damaged file reported */
     if (!source) return code;
     ckpt_reader *r = formats_source_reader(source);
     int64_t total = 0;
@@ -820,36 +820,62 @@ static int replicas_differ(formats_source *source, const char *side, int threads
     return r.copies_differ ? 1 : 0;
 }
 
+/* The true vocabulary told to diff applies to the sides that pad theirs
+ * (Megatron's), so that a padded table compares with its true rows
+ * elsewhere; 0 for the others. Refused when neither pads. */
+static int64_t diff_side_vocab(const char *path, int64_t true_vocab, int *pads, int *exit_code)
+{
+    *pads = 0;
+    if (!true_vocab) return 0;
+    const checkpoint_format *format = detect_or_fail(path, exit_code);
+    if (!format) return -1;
+    *pads = format->pads_vocabulary;
+    return *pads ? true_vocab : 0;
+}
+
 static int cmd_diff(int argc, char **argv)
 {
     double rtol = 0, atol = 0;
-    int64_t threads = parallel_cpu_count();
+    int64_t threads = parallel_cpu_count(), true_vocab = 0;
     int weights_only = 0;
     static const struct option options[] = {{"tol", required_argument, 0, 'r'}, {"atol", required_argument, 0, 'a'},
                                             {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
-                                            {"weights-only", no_argument, 0, 'w'}, {0, 0, 0, 0}};
+                                            {"weights-only", no_argument, 0, 'w'},
+                                            {"true-vocab-size", required_argument, 0, 'V'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "r:a:t:h", options, NULL)) != -1) {
         if (c == 'w') weights_only = 1;
         else if (c == 'r') rtol = cli_number("tp-ckpt", "--tol", optarg);
         else if (c == 'a') atol = cli_number("tp-ckpt", "--atol", optarg);
         else if (c == 't') threads = cli_int("tp-ckpt", "--threads", optarg, 1, 1024);
+        else if (c == 'V') true_vocab = cli_int("tp-ckpt", "--true-vocab-size", optarg, 1, (int64_t)1 << 40);
         else if (c == 'h') {
-            printf("usage: tp-ckpt diff A B [--tol X] [--atol X] [--threads N] [--weights-only]\n"
+            printf("usage: tp-ckpt diff A B [--tol X] [--atol X] [--threads N] [--weights-only] [--true-vocab-size N]\n"
                    "Compares the merged (logical) tensors of two checkpoints of any layouts\n"
                    "(with --weights-only the parameters alone, not the optimizer state).\n"
                    "Elements match when bit-identical or |a-b| <= atol + tol * max(|a|,|b|)\n"
                    "(both finite); the default is bit-exact: +0 and -0 differ. Each differing\n"
                    "tensor's largest difference is shown with its place and both values.\n"
+                   "--true-vocab-size N: the vocabulary without Megatron's padding, for the\n"
+                   "sides that are Megatron checkpoints (legacy or torch_dist): their tables'\n"
+                   "first N rows are compared, so that they compare with an export, an\n"
+                   "import or a Megatron checkpoint padded for another tensor-parallel size.\n"
                    "Exit 0 when equal, 1 otherwise.\n");
             return 0;
         } else die_usage("diff: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
     if (optind != argc - 2) die_usage("diff takes two checkpoints");
-    int code = 0;
-    formats_source *source_a = open_or_die(argv[optind], 1, 0, &code);
+    int code = 0, pads_a, pads_b;
+    int64_t vocab_a = diff_side_vocab(argv[optind], true_vocab, &pads_a, &code);
+    if (vocab_a < 0) return code;
+    int64_t vocab_b = diff_side_vocab(argv[optind + 1], true_vocab, &pads_b, &code);
+    if (vocab_b < 0) return code;
+    if (true_vocab && !pads_a && !pads_b)
+        die_usage("diff: --true-vocab-size applies to a Megatron checkpoint (legacy or torch_dist); neither %s nor %s is "
+                  "one", argv[optind], argv[optind + 1]);
+    formats_source *source_a = open_or_die(argv[optind], 1, 0, vocab_a, &code);
     if (!source_a) return code;
-    formats_source *source_b = open_or_die(argv[optind + 1], 1, 0, &code);
+    formats_source *source_b = open_or_die(argv[optind + 1], 1, 0, vocab_b, &code);
     if (!source_b) {
         formats_source_close(source_a);
         return code;
@@ -936,6 +962,13 @@ static int cmd_diff(int argc, char **argv)
     else if (differ)
         fprintf(stderr, "tp-ckpt: checkpoints differ: %d of %d common tensors differ, %d tensors in one only\n",
                 differing, n, only);
+    /* A Megatron table's padding rows differ from any other layout's. */
+    int shapes_differ = 0;
+    for (int i = 0; i < n; i++) shapes_differ |= diffs[i].shapes_differ;
+    if (shapes_differ && !true_vocab &&
+        (formats_source_format(source_a)->pads_vocabulary || formats_source_format(source_b)->pads_vocabulary))
+        fprintf(stderr, "tp-ckpt: note: a Megatron checkpoint's tables hold its vocabulary padded; with "
+                "--true-vocab-size N their first N rows are compared\n");
     else if (damaged)
         fprintf(stderr, "tp-ckpt: error: the %d tensors read are equal%s, %s (above): the checkpoints are %s\n", n,
                 rtol == 0 && atol == 0 ? "" : " within tolerance",

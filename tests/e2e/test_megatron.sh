@@ -452,6 +452,23 @@ expect_ok "this toolkit's format: the true rows, zero padding" "$RS" "$WORK/v" -
 check "the logical table is the true vocabulary" grep -Eq '^embedding.word_embeddings.weight +fp16 +\[90, 32\] +\[128, 32\]' \
     "$("$CK" info "$WORK/v_tp" >"$WORK/info.txt"; echo "$WORK/info.txt")"
 expect_ok "verify: its padding is zero, as this format requires" "$CK" verify "$WORK/v_tp"
+# diff compares a Megatron table with its true rows elsewhere when told the
+# true vocabulary, and says so when the padding alone makes shapes differ.
+run "$CK" diff "$WORK/v" "$WORK/v_tp"
+check "diff of the padded table against the true rows: they differ (exit 1)" test "$RC" -eq 1
+check "the padding named, with the option that compares the true rows" grep -q "padded; with --true-vocab-size N" \
+    "$WORK/.err"
+check "the table's shapes named" grep -q "embedding.word_embeddings.weight.*shape \[96, 32\] in A, \[90, 32\] in B" \
+    "$WORK/.out"
+expect_ok "diff --true-vocab-size: the Megatron source equals this format's true rows" "$CK" diff "$WORK/v" "$WORK/v_tp" \
+    --true-vocab-size 90
+check "every tensor compared, bit-exact" grep -q "^equal: 116 tensors, .* bit-exact" "$WORK/.out"
+expect_ok "diff --true-vocab-size: padded for tp2 and for tp4, Adam state included" "$CK" diff "$WORK/v" "$WORK/v_tp4" \
+    --true-vocab-size 90
+expect_error "diff --true-vocab-size that does not pad to the stored table" 1 "200 tokens is padded to 224 rows" "$CK" \
+    diff "$WORK/v" "$WORK/v_tp" --true-vocab-size 200
+expect_error "diff --true-vocab-size of two checkpoints of this format" 2 "neither .* nor .* is one" "$CK" diff \
+    "$WORK/v_tp" "$WORK/v_tp" --true-vocab-size 90
 check "nothing was written for refused runs" test ! -e "$WORK/never"
 
 # Megatron-Core with fewer query groups than TP ranks: a group's rows cut
