@@ -296,6 +296,10 @@ static const char *generate_usage =
     "\n"
     "  --tokens N           tokens to generate (200)\n"
     "  --temperature X      sampling temperature; 0 picks the most likely token (0.8)\n"
+    "  --top-k K            draw from the K most likely tokens alone (0: every token)\n"
+    "  --top-p P            then from the fewest most likely whose probabilities add up to P\n"
+    "                       at least, 0 < P <= 1 (1: every token); both after the temperature,\n"
+    "                       as Hugging Face transformers applies them\n"
     "  --seed N             random seed of the sampling (1337)\n"
     "  --threads N          compute threads (1)\n";
 
@@ -303,10 +307,11 @@ static int generate_command(int argc, char **argv)
 {
     generate_options o;
     generate_options_init(&o);
-    enum { O_CKPT = 256, O_PROMPT, O_TOKENS, O_TEMPERATURE, O_SEED, O_THREADS };
+    enum { O_CKPT = 256, O_PROMPT, O_TOKENS, O_TEMPERATURE, O_TOP_K, O_TOP_P, O_SEED, O_THREADS };
     static const struct option options[] = {
         {"ckpt", required_argument, 0, O_CKPT}, {"prompt", required_argument, 0, O_PROMPT},
         {"tokens", required_argument, 0, O_TOKENS}, {"temperature", required_argument, 0, O_TEMPERATURE},
+        {"top-k", required_argument, 0, O_TOP_K}, {"top-p", required_argument, 0, O_TOP_P},
         {"seed", required_argument, 0, O_SEED}, {"threads", required_argument, 0, O_THREADS},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
@@ -315,7 +320,13 @@ static int generate_command(int argc, char **argv)
         case O_CKPT: o.ckpt = cli_path("tp-train generate", "--ckpt", optarg); break;
         case O_PROMPT: o.prompt = optarg; break;
         case O_TOKENS: o.tokens = cli_int("tp-train generate", "--tokens", optarg, 0, (int64_t)1 << 30); break;
-        case O_TEMPERATURE: o.temperature = cli_number("tp-train generate", "--temperature", optarg); break;
+        case O_TEMPERATURE: o.sampling.temperature = cli_number("tp-train generate", "--temperature", optarg); break;
+        case O_TOP_K: o.sampling.top_k = cli_int("tp-train generate", "--top-k", optarg, 0, INT32_MAX); break;
+        case O_TOP_P:
+            o.sampling.top_p = cli_number("tp-train generate", "--top-p", optarg);
+            if (!(o.sampling.top_p > 0 && o.sampling.top_p <= 1))
+                cli_usage_error("tp-train generate", "--top-p expects a number above 0 and at most 1, got '%s'", optarg);
+            break;
         case O_SEED: o.seed = (uint64_t)cli_int("tp-train generate", "--seed", optarg, 0, INT64_MAX); break;
         case O_THREADS: o.threads = (int)cli_int("tp-train generate", "--threads", optarg, 1, 1024); break;
         case 'h': fputs(generate_usage, stdout); return 0;

@@ -25,7 +25,7 @@ void generate_options_init(generate_options *o)
 {
     memset(o, 0, sizeof *o);
     o->tokens = 200;
-    o->temperature = 0.8;
+    o->sampling = (sampling_options){.temperature = 0.8, .top_k = 0, .top_p = 1.0};
     o->seed = 1337;
     o->threads = 1;
 }
@@ -139,21 +139,45 @@ int eval_run(const eval_options *o, comm *c, eval_result *out)
 
 /* ------------------------------------------------------------------ generate */
 
-/* A token from logits[vocab]: the most likely one at temperature 0 (the
- * lowest id among equals), else drawn from softmax(logits / temperature)
- * with the uniform number u in [0, 1). */
-static int sample_token(const float *logits, int64_t vocab, double temperature, double u)
+static int most_likely_first(const void *x, const void *y)
+{
+    const sample_candidate *a = x, *b = y;
+    if (a->logit != b->logit) return a->logit > b->logit ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+int generate_sample_token(const float *logits, int64_t vocab, const sampling_options *sampling, double u,
+                          sample_candidate *scratch)
 {
     int64_t best = 0;
     for (int64_t i = 1; i < vocab; i++)
         if (logits[i] > logits[best]) best = i;
+    double temperature = sampling->temperature;
     if (temperature <= 0) return (int)best;
+    int64_t kept = vocab;
+    sample_candidate *c = scratch;
+    for (int64_t i = 0; i < vocab; i++) c[i] = (sample_candidate){logits[i], (int32_t)i};
+    int narrowed = (sampling->top_k > 0 && sampling->top_k < vocab) || sampling->top_p < 1;
+    /* Only a narrowing needs the tokens ranked; the whole vocabulary is
+     * drawn from in id order, as before the options existed. */
+    if (narrowed) qsort(c, (size_t)vocab, sizeof *c, most_likely_first);
+    if (sampling->top_k > 0 && sampling->top_k < kept) kept = sampling->top_k;
     double total = 0;
-    for (int64_t i = 0; i < vocab; i++) total += exp((double)(logits[i] - logits[best]) / temperature);
+    for (int64_t i = 0; i < kept; i++) total += exp((double)(c[i].logit - logits[best]) / temperature);
+    if (sampling->top_p < 1) {
+        /* A token is kept while the probability of those ranked before it
+         * is below top_p: the first one always. */
+        double before = 0;
+        int64_t i = 0;
+        for (; i < kept && before < sampling->top_p * total; i++)
+            before += exp((double)(c[i].logit - logits[best]) / temperature);
+        kept = i;
+        total = before;
+    }
     double target = u * total, running = 0;
-    for (int64_t i = 0; i < vocab; i++) {
-        running += exp((double)(logits[i] - logits[best]) / temperature);
-        if (running > target) return (int)i;
+    for (int64_t i = 0; i < kept; i++) {
+        running += exp((double)(c[i].logit - logits[best]) / temperature);
+        if (running > target) return c[i].id;
     }
     return (int)best; /* rounding left target at the very end */
 }
@@ -180,6 +204,7 @@ int generate_run(const generate_options *o, FILE *out)
     gpt_config config;
     char resolved[4096];
     gpt_model *m = NULL;
+    sample_candidate *candidates = NULL;
     int *context = NULL, status = checkpoint_model_config(c, o->ckpt, &config, resolved, sizeof resolved);
     /* The window: the whole context when it fits, else the last seq tokens. */
     int64_t T = (int64_t)prompt_len + o->tokens;
@@ -201,7 +226,9 @@ int generate_run(const generate_options *o, FILE *out)
     if (!status) status = inference_model(config, resolved, c, 1, T, &m);
     load_result loaded;
     if (!status) status = checkpoint_load(m, o->ckpt, 0, o->warn, o->warn_ctx, &loaded);
-    if (!status && !(context = calloc((size_t)T, sizeof *context))) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status && (!(context = calloc((size_t)T, sizeof *context)) ||
+                    !(candidates = malloc((size_t)config.vocab * sizeof *candidates))))
+        status = tp_fail(TP_ERR_NOMEM, "out of memory");
     if (status) goto done;
     int64_t len = 0;
     for (size_t i = prompt_len > (size_t)T ? prompt_len - (size_t)T : 0; i < prompt_len; i++)
@@ -226,7 +253,7 @@ int generate_run(const generate_options *o, FILE *out)
                                  "checkpoint's weights give no finite logits (NaN or infinite values in it?)",
                                  loaded.path, (long long)i, (double)logits[i], (long long)k);
         if (status) break;
-        int token = sample_token(logits, m->config.vocab, o->temperature, u);
+        int token = generate_sample_token(logits, m->config.vocab, &o->sampling, u, candidates);
         status = write_token(out, token);
         if (status) break;
         if (len == T) {
@@ -238,6 +265,7 @@ int generate_run(const generate_options *o, FILE *out)
     if (!status) fputc('\n', out);
 done:
     free(context);
+    free(candidates);
     gpt_model_free(m);
     comm_free(c);
     return status;

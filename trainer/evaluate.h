@@ -45,18 +45,40 @@ typedef struct {
  * out->all_ranks_know. */
 int eval_run(const eval_options *options, comm *c, eval_result *out);
 
+/* How the next token is drawn from a position's logits, in Hugging Face
+ * transformers' order: divided by the temperature, kept to the top_k most
+ * likely, then to the fewest most likely whose probabilities add up to
+ * top_p at least. */
+typedef struct {
+    double temperature; /* 0: always the most likely token (top_k and top_p unused) */
+    int64_t top_k;      /* 0: every token */
+    double top_p;       /* in (0, 1]; 1: every token top_k kept */
+} sampling_options;
+
+/* A token's logit and id: the scratch of generate_sample_token, vocab of them. */
+typedef struct {
+    float logit;
+    int32_t id;
+} sample_candidate;
+
+/* The token drawn from logits[vocab] (finite) with the uniform number u in
+ * [0, 1); among equal logits the lower id ranks first (the most likely at
+ * temperature 0, the one kept by top_k). scratch holds vocab candidates. */
+int generate_sample_token(const float *logits, int64_t vocab, const sampling_options *sampling, double u,
+                          sample_candidate *scratch);
+
 typedef struct {
     const char *ckpt;
     const char *prompt;  /* text; its bytes are the first tokens */
     int64_t tokens;      /* tokens to generate */
-    double temperature;  /* 0: always the most likely token */
+    sampling_options sampling;
     uint64_t seed;
     int threads;
     checkpoint_warning warn; /* as eval_options' */
     void *warn_ctx;
 } generate_options;
 
-/* Defaults: 200 tokens, temperature 0.8, seed 1337, 1 thread. */
+/* Defaults: 200 tokens, temperature 0.8 over every token, seed 1337, 1 thread. */
 void generate_options_init(generate_options *options);
 
 /* Samples text with the byte-level vocabulary (token = byte) and writes the

@@ -337,6 +337,24 @@ cp "$WORK/.out" "$WORK/sample1.txt"
 run "$TRAIN" generate --ckpt "$SRC" --prompt "the " --tokens 40 --seed 7
 check "sampling with one seed repeats, from any layout" cmp -s "$WORK/.out" "$WORK/sample1.txt"
 check "a byte-level model (vocabulary 250) generates without a warning" [ ! -s "$WORK/.err" ]
+# top-k and top-p (tests/trainer/test_sampling.c checks their shares):
+# one token kept is the greedy text at any temperature; neither narrowing
+# draws as before.
+expect_ok "generate --top-k 1 at temperature 3" "$TRAIN" generate --ckpt "$SRC" --prompt "the quick " --tokens 30 \
+    --temperature 3 --top-k 1 --seed 11
+check "top-k 1 is the greedy text" cmp -s "$WORK/.out" "$WORK/greedy.txt"
+expect_ok "generate --top-p 1e-9 at temperature 3" "$TRAIN" generate --ckpt "$SRC" --prompt "the quick " --tokens 30 \
+    --temperature 3 --top-p 1e-9 --seed 11
+check "top-p near 0 is the greedy text" cmp -s "$WORK/.out" "$WORK/greedy.txt"
+expect_ok "generate --top-k 0 --top-p 1" "$TRAIN" generate --ckpt "$SRC" --prompt "the " --tokens 40 --seed 7 --top-k 0 \
+    --top-p 1
+check "no narrowing draws as the default does" cmp -s "$WORK/.out" "$WORK/sample1.txt"
+for p in 0 1.5 -0.5 nan; do
+    expect_error "generate --top-p $p" 2 "^tp-train generate: --top-p expects .*, got '$p'" \
+        "$TRAIN" generate --ckpt "$SRC" --prompt "the " --top-p "$p"
+done
+expect_error "generate --top-k -1" 2 "^tp-train generate: --top-k expects an integer in 0\.\.2147483647, got '-1'" "$TRAIN" generate \
+    --ckpt "$SRC" --prompt "the " --top-k -1
 # A model of another tokenizer's ids (more than 256 tokens): bytes in and
 # out mean nothing to it, which was not said.
 expect_ok "synthesize a model of GPT-2's vocabulary" "$CKPT" synth -o "$WORK/bpe" --tp 1 --pp 1 --model tiny --vocab 50257
