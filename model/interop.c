@@ -584,12 +584,25 @@ static int tokenizer_missing(void)
 #define GGUF_TOKEN_USER_DEFINED 4
 
 /* A JSON file of DIR, parsed; NULL in *out when absent and optional. */
+/* Whether the tokenizer directory dir (a local one or a store's URL)
+ * holds the file name. */
+static int tokenizer_file_exists(const char *dir, const char *name, int *exists)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    const store_ops *store;
+    TP_TRY(store_for(path, &store));
+    return store_exists(store, path, exists);
+}
+
 static int read_json(const char *dir, const char *name, int optional, cJSON **out)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     *out = NULL;
-    if (optional && access(path, F_OK) != 0) return TP_OK;
+    int exists = 1;
+    if (optional) TP_TRY(tokenizer_file_exists(dir, name, &exists));
+    if (!exists) return TP_OK;
     char *text = NULL;
     int64_t size = 0;
     if (store_read_text_file(path, CKPT_INDEX_MAX_BYTES, &text, &size)) return tokenizer_missing();
@@ -891,9 +904,13 @@ int gpt_gguf_metadata_create(gpt_gguf_metadata **out, const gpt_config *c, const
     int32_t eos = -1, bos = -1;
     int status = TP_OK, add_bos = -1;
     const char *vocabulary = "no_vocab", *pre = "gpt-2";
-    char hf_tokenizer[4200];
-    snprintf(hf_tokenizer, sizeof hf_tokenizer, "%s/tokenizer.json", tokenizer_dir ? tokenizer_dir : "");
-    if (tokenizer_dir && access(hf_tokenizer, F_OK) == 0) {
+    int hf_tokenizer = 0;
+    if (tokenizer_dir) status = tokenizer_file_exists(tokenizer_dir, "tokenizer.json", &hf_tokenizer);
+    if (status) {
+        gpt_gguf_metadata_free(m);
+        return status;
+    }
+    if (hf_tokenizer) {
         status = load_hf_tokenizer(m, tokenizer_dir, c->vocab, &bos, &eos, &add_bos, &pre);
         vocabulary = "gpt2";
     } else if (tokenizer_dir) {

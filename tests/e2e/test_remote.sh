@@ -211,6 +211,18 @@ assert j["peak_rss_bytes"] <= 64 * 2**20, j["peak_rss_bytes"]' "$WORK/.out"
         check "export --format $format: the server holds what a local export writes" \
             diff -r "$WORK/export.$format" "$DAV/export.$format"
     done
+    # A tokenizer directory at a URL: its tokenizer.json (and the optional
+    # tokenizer_config.json) were looked for on the local disk alone, so the
+    # export went on to look for GPT-2's vocab.json and merges.txt there.
+    mkdir -p "$DAV/tok"
+    expect_ok "a tokenizer.json for 300 ids, on the server" "$PY" "$ROOT/tests/support/hf_tokenizer.py" "$DAV/tok" 300
+    expect_ok "synth a Llama of 300 tokens" "$CK" synth -o "$WORK/v300" --tp 1 --pp 1 --arch llama --layers 1 --dim 32 \
+        --heads 2 --vocab 300 --seq 16
+    expect_ok "GGUF with the tokenizer read from the disk" "$CK" export "$WORK/v300" --format gguf --tokenizer "$DAV/tok" \
+        -o "$WORK/v300.gguf"
+    expect_ok "GGUF with the tokenizer at a URL" "$CK" export "$WORK/v300" --format gguf --tokenizer "$U/tok" \
+        -o "$WORK/v300-url.gguf"
+    check "the same GGUF" cmp "$WORK/v300.gguf" "$WORK/v300-url.gguf"
     expect_error "export over an existing URL without --force" 1 "exists already.*--force" \
         "$CK" export "$U/run" --format gguf -o "$U/export.gguf"
     expect_error "export --force over a URL holding a GGUF export, as safetensors: refused before writing" 1 \
