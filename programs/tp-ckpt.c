@@ -962,13 +962,6 @@ static int cmd_diff(int argc, char **argv)
     else if (differ)
         fprintf(stderr, "tp-ckpt: checkpoints differ: %d of %d common tensors differ, %d tensors in one only\n",
                 differing, n, only);
-    /* A Megatron table's padding rows differ from any other layout's. */
-    int shapes_differ = 0;
-    for (int i = 0; i < n; i++) shapes_differ |= diffs[i].shapes_differ;
-    if (shapes_differ && !true_vocab &&
-        (formats_source_format(source_a)->pads_vocabulary || formats_source_format(source_b)->pads_vocabulary))
-        fprintf(stderr, "tp-ckpt: note: a Megatron checkpoint's tables hold its vocabulary padded; with "
-                "--true-vocab-size N their first N rows are compared\n");
     else if (damaged)
         fprintf(stderr, "tp-ckpt: error: the %d tensors read are equal%s, %s (above): the checkpoints are %s\n", n,
                 rtol == 0 && atol == 0 ? "" : " within tolerance",
@@ -977,6 +970,15 @@ static int cmd_diff(int argc, char **argv)
     else
         printf("equal: %d tensors, %lld elements%s\n", n, (long long)elements,
                rtol == 0 && atol == 0 ? ", bit-exact" : " within tolerance");
+    /* A Megatron table's padding rows differ from any other layout's: a note
+     * after the verdict, never in place of it (it once began a chain of its
+     * own, and a difference or damage was then also said to be "equal"). */
+    int shapes_differ = 0;
+    for (int i = 0; i < n; i++) shapes_differ |= diffs[i].shapes_differ;
+    if (shapes_differ && !true_vocab &&
+        (formats_source_format(source_a)->pads_vocabulary || formats_source_format(source_b)->pads_vocabulary))
+        fprintf(stderr, "tp-ckpt: note: a Megatron checkpoint's tables hold its vocabulary padded; with "
+                "--true-vocab-size N their first N rows are compared\n");
     free(diffs);
     formats_source_close(source_a);
     formats_source_close(source_b);

@@ -46,6 +46,12 @@ check "diff says bit-exact" grep -q "bit-exact" "$WORK/.out"
 expect_ok "synth another seed" "$CK" synth -o "$WORK/a2" --tp 2 --pp 1 $MODEL --optim --seed 12
 expect_error "diff of different values exits 1" 1 "checkpoints differ" "$CK" diff "$WORK/a" "$WORK/a2"
 check "diff lists the worst tensors" grep -q "model/" "$WORK/.out"
+# A difference is never also called equal: the summary line "equal: N
+# tensors ..." followed the table of differing tensors (and the damaged
+# diffs' errors below) when the Megatron note joined the verdicts.
+check "a diff that differs does not say equal" sh -c '! grep -q "^equal" "$1"' _ "$WORK/.out"
+expect_error "diff out of --tol exits 1" 1 "checkpoints differ" "$CK" diff "$WORK/a" "$WORK/a2" --tol 1e-3
+check "and does not say equal within tolerance" sh -c '! grep -q "^equal" "$1"' _ "$WORK/.out"
 expect_ok "diff within a loose tolerance" "$CK" diff "$WORK/a" "$WORK/a2" --tol 10
 expect_ok "synth without optimizer" "$CK" synth -o "$WORK/a3" --tp 2 --pp 2 $MODEL --seed 11
 expect_error "diff notices missing tensors" 1 "in one only" "$CK" diff "$WORK/a" "$WORK/a3"
@@ -115,15 +121,16 @@ run "$CK" diff "$WORK/a" "$WORK/damaged"
 check_all "diff of damaged data: exit 1, the tensor not compared and why, no difference claimed (exit $RC)" \
     '[ "$RC" -eq 1 ] && grep -q "^tp-ckpt: error: model/layers.3.mlp.fc.weight not compared: .*checksum" "$WORK/.err" &&
     grep -q "^tp-ckpt: error: 1 of [0-9]* common tensors could not be read" "$WORK/.err" &&
-    ! grep -q "differ" "$WORK/.err"'
+    ! grep -q "differ" "$WORK/.err" && ! grep -q "equal" "$WORK/.out" "$WORK/.err"'
 cp -r "$WORK/damaged" "$WORK/damaged2"
 run "$CK" diff "$WORK/damaged" "$WORK/damaged2"
 check_all "diff of two copies damaged alike: an error, not a difference (exit $RC)" '[ "$RC" -eq 1 ] &&
-    grep -q "could not be read" "$WORK/.err" && ! grep -q "differ" "$WORK/.err"'
+    grep -q "could not be read" "$WORK/.err" && ! grep -q "differ" "$WORK/.err" && ! grep -q "equal" "$WORK/.out" "$WORK/.err"'
 expect_ok "synth a wider model" "$CK" synth -o "$WORK/wide" --tp 2 --pp 2 --layers 4 --dim 128 --heads 4 --vocab 1000 \
     --seq 32 --optim --step 7 --seed 11
 expect_error "diff of other shapes: a difference" 1 "checkpoints differ" "$CK" diff "$WORK/a" "$WORK/wide"
 check "diff gives both shapes" grep -Eq "^model/tok_embed.weight +shape \[1000, 64\] in A, \[1000, 128\] in B" "$WORK/.out"
+check "and does not say equal" sh -c '! grep -q "^equal" "$1"' _ "$WORK/.out"
 
 # Random flips anywhere (data, HDF5 metadata, index): a clean verdict, never a crash.
 i=0
