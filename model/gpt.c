@@ -4,6 +4,7 @@
  * mlp.proj) split axis 1; the token embedding splits the (padded) vocabulary. */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,17 +75,55 @@ static int same_model(const gpt_config *a, const gpt_config *b)
            a->rope_original_seq == b->rope_original_seq;
 }
 
+/* Appends to text (of size bytes, n used so far), cut short at its end. */
+static void append(char *text, size_t *n, size_t size, const char *format, ...)
+{
+    if (*n + 1 >= size) return;
+    va_list args;
+    va_start(args, format);
+    int written = vsnprintf(text + *n, size - *n, format, args);
+    va_end(args);
+    if (written > 0) *n = *n + (size_t)written < size ? *n + (size_t)written : size - 1;
+}
+
+/* The settings beyond the six sizes that same_model compares, said for one
+ * side (c) where the two sides differ, so that a refusal never reads the same
+ * on both: " kv_heads 2 untied embeddings ...". */
+static void describe_difference(const gpt_config *c, const gpt_config *other, char *text, size_t size)
+{
+    size_t n = 0;
+    text[0] = '\0';
+    if (c->arch != other->arch) append(text, &n, size, " arch %s", gpt_arch_name(c->arch));
+    if (c->kv_heads != other->kv_heads) append(text, &n, size, " kv_heads %lld", (long long)c->kv_heads);
+    if (c->swiglu != other->swiglu) append(text, &n, size, " mlp %s", c->swiglu ? "swiglu" : "gelu");
+    if (c->untied_embeddings != other->untied_embeddings)
+        append(text, &n, size, " %s embeddings", c->untied_embeddings ? "untied" : "tied");
+    if (c->norm_eps != other->norm_eps) append(text, &n, size, " norm_eps %g", c->norm_eps);
+    if (c->rope_theta != other->rope_theta) append(text, &n, size, " rope_theta %g", c->rope_theta);
+    if (c->rope_scaling_factor != other->rope_scaling_factor ||
+        c->rope_low_freq_factor != other->rope_low_freq_factor ||
+        c->rope_high_freq_factor != other->rope_high_freq_factor || c->rope_original_seq != other->rope_original_seq) {
+        if (c->rope_scaling_factor == 0) append(text, &n, size, " rope_scaling none");
+        else
+            append(text, &n, size, " rope_scaling %g,%g,%g,%lld", c->rope_scaling_factor, c->rope_low_freq_factor,
+                   c->rope_high_freq_factor, (long long)c->rope_original_seq);
+    }
+}
+
 int gpt_config_check_same(const char *path, const gpt_config *saved, const gpt_config *run)
 {
     if (same_model(saved, run)) return TP_OK;
+    char extra_saved[256], extra_run[256];
+    describe_difference(saved, run, extra_saved, sizeof extra_saved);
+    describe_difference(run, saved, extra_run, sizeof extra_run);
     return tp_fail(TP_ERR_ARG,
-                   "%s holds another model: layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld, this run "
-                   "has layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld: resume with the model flags it "
+                   "%s holds another model: layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld%s, this run "
+                   "has layers %lld dim %lld heads %lld ffn %lld vocab %lld seq %lld%s: resume with the model flags it "
                    "was trained with (tp-ckpt info %s shows them), or give another --ckpt-dir for a new model",
                    path, (long long)saved->layers, (long long)saved->dim, (long long)saved->heads,
-                   (long long)saved->ffn, (long long)saved->vocab, (long long)saved->seq, (long long)run->layers,
-                   (long long)run->dim, (long long)run->heads, (long long)run->ffn, (long long)run->vocab,
-                   (long long)run->seq, path);
+                   (long long)saved->ffn, (long long)saved->vocab, (long long)saved->seq, extra_saved,
+                   (long long)run->layers, (long long)run->dim, (long long)run->heads, (long long)run->ffn,
+                   (long long)run->vocab, (long long)run->seq, extra_run, path);
 }
 
 int gpt_config_check(const gpt_config *c, int tp, int pp)

@@ -63,7 +63,9 @@ int gpt_config_check(const gpt_config *config, int tp, int pp);
  * the run's: every dimension and setting that shapes the tensors or the
  * arithmetic, the dtype aside. TP_OK when it is; otherwise TP_ERR_ARG
  * "PATH holds another model: ..., this run has ...: resume with the model
- * flags it was trained with ...", naming both and what to do. One rule
+ * flags it was trained with ...", naming both (the six sizes, and each other
+ * setting where the two differ: kv_heads, arch, tied embeddings, ...) and
+ * what to do. One rule
  * for the trainer's resume and tp-elastic's check before it launches. */
 int gpt_config_check_same(const char *path, const gpt_config *saved, const gpt_config *run);
 

@@ -610,3 +610,39 @@ Test(interop, rope_parameters_of_transformers_5_and_rope_scaling_of_4)
 }
 
 #undef LLAMA_KEYS
+
+/* A checkpoint of another model is refused naming what differs: every
+ * setting same_model compares, not only the six sizes (a Llama resumed with
+ * other --kv-heads was "layers 2 dim 64 ..., this run has layers 2 dim 64
+ * ...", the same words on both sides). */
+Test(options, another_model_is_named_by_what_differs)
+{
+    gpt_config saved = parsed((const char *const[]){"model", "llama-tiny", NULL});
+    struct {
+        const char *const pairs[7];
+        const char *saved, *run;
+    } cases[] = {
+        {{"model", "llama-tiny", "kv-heads", "1", NULL}, "kv_heads 2", "kv_heads 1"},
+        {{"model", "llama-tiny", "tied-embeddings", NULL, NULL}, "untied embeddings", "tied embeddings"},
+        {{"model", "llama-tiny", "norm-eps", "1e-6", NULL}, "norm_eps 1e-05", "norm_eps 1e-06"},
+        {{"model", "llama-tiny", "rope-theta", "500000", NULL}, "rope_theta 10000", "rope_theta 500000"},
+        {{"model", "llama-tiny", "rope-scaling", "8", NULL}, "rope_scaling none", "rope_scaling 8,1,4,8192"},
+        {{"arch", "gpt", "layers", "2", "dim", "64", NULL}, "arch llama", "arch gpt"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gpt_config run;
+        if (i + 1 < sizeof cases / sizeof cases[0]) run = parsed(cases[i].pairs);
+        else { /* a GPT of llama-tiny's sizes and MLP width */
+            run = parsed((const char *const[]){"layers", "2", "dim", "64", "heads", "4", "vocab", "256", "seq", "32",
+                                               "ffn", "128", NULL});
+        }
+        cr_assert_eq(gpt_config_check_same("ck", &saved, &run), TP_ERR_ARG, "case %zu", i);
+        const char *m = tp_errmsg(), *other = strstr(m, "this run has");
+        cr_assert(other, "%s", m);
+        const char *first = strstr(m, cases[i].saved);
+        cr_assert(first && first < other, "case %zu: the checkpoint's '%s' before 'this run has': %s", i,
+                  cases[i].saved, m);
+        cr_assert(strstr(other, cases[i].run), "case %zu: the run's '%s' after it: %s", i, cases[i].run, m);
+    }
+    cr_assert_eq(gpt_config_check_same("ck", &saved, &saved), TP_OK);
+}
