@@ -320,6 +320,15 @@ expect_ok "Llama, a shared key/value head, sequence parallelism: tp2dp2" mpi_tra
 expect_ok "the same with ZeRO-3" mpi_train 4 $LZ --zero 3 --log "$WORK/llama-kv1-zero3.jsonl"
 check "Llama with ZeRO-3: the losses without it (1e-6)" \
     losses_match "$WORK/llama-kv1-zero3.jsonl" "$WORK/llama-kv1.jsonl" 1e-6
+# ZeRO-3 sums the gradients per micro-batch and use, in another order than a
+# run without it (docs/TOOLS.md): at dp 2 with one micro-batch a step and an
+# untied output its parameters are the same bit for bit; a GPT's tied table
+# (two uses) or a second micro-batch differ in their last bits.
+LB="--model llama-tiny --micro-batch 4 --global-batch 8 --steps 3 --quiet --dp 2"
+expect_ok "Llama at dp2, one micro-batch a step" mpi_train 2 $LB --ckpt-dir "$WORK/llama-dp2"
+expect_ok "the same with ZeRO-3" mpi_train 2 $LB --zero 3 --ckpt-dir "$WORK/llama-dp2-zero3"
+expect_ok "ZeRO-3 at dp2, one micro-batch, untied: the parameters and moments without it, bit for bit" \
+    "$BIN/tp-ckpt" diff "$WORK/llama-dp2/step_00000003" "$WORK/llama-dp2-zero3/step_00000003"
 # The PyTorch reference at dp2 with ZeRO-3: the test hook's gradients are
 # those each rank's shard summed, gathered to their writers.
 torch_check dp2-zero3 2 --zero 3
