@@ -4,7 +4,9 @@
 # independent PyTorch Llama (tests/trainer/llama_ref.py, itself checked by
 # test_llama_ref.sh) at tp1, tp2 (one KV head per rank), tp2 with one KV
 # head (replicated on both ranks), tp2pp2, tp4 (KV heads replicated: 2 < tp
-# 4), and in bf16 at tp1 and tp2pp2; and layout
+# 4), and in bf16 at tp1 and tp2pp2; ZeRO-3 beside tp with a shared key/value
+# head (fp32 and bf16), tied embeddings interleaved, sequence parallelism
+# splitting rows inside a sequence; and layout
 # invariance (the same 20 losses at tp1 and tp2pp2).
 # Resume at a new layout: written at tp2pp2, resumed at tp1dp2 and at tp4
 # (KV heads replicated), the straight run's losses to 1e-6.
@@ -28,6 +30,16 @@ torch_check tp2-kv1 2 --tp 2 --kv-heads 1
 torch_check tp2pp2 4 --tp 2 --pp 2
 torch_check tp4 4 --tp 4
 torch_check tp2-kv1-sp 2 --tp 2 --kv-heads 1 --sequence-parallel
+# Combinations the layout tests leave out: ZeRO-3 beside tensor parallelism
+# with a key/value head shared by both ranks (its gradient summed per use);
+# tied embeddings on the interleaved schedule (the last stage's copy);
+# sequence parallelism whose rows split inside a sequence (seq 6 x
+# micro-batch 2 = 12 rows, 3 a rank at tp4: the rotary positions of each
+# rank's rows); and ZeRO-3 with a shared head in bf16.
+torch_check tp2dp2-kv1-sp-zero3 4 --tp 2 --dp 2 --kv-heads 1 --sequence-parallel --zero 3
+torch_check tp2pp2v2-tied 4 --tp 2 --pp 2 --virtual-stages 2 --layers 4 --tied-embeddings
+torch_check tp4-kv1-sp-seq6 4 --tp 4 --kv-heads 1 --sequence-parallel --seq 6
+BF16=1 torch_check tp2dp2-kv1-zero3-bf16 4 --tp 2 --dp 2 --kv-heads 1 --zero 3
 BF16=1 torch_check tp1-bf16 1 --tp 1
 BF16=1 torch_check tp2pp2-bf16 4 --tp 2 --pp 2
 torch_check_fails_bf16 tp1-fp32-as-bf16 tp1
