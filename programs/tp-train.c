@@ -50,7 +50,7 @@ static const char *usage_text =
     "batch:     --micro-batch B (4) --grad-accum A (1)  global batch = B x A x D sequences;\n"
     "           or --global-batch G (sequences per step): A = G / (B x D)\n"
     "optimizer: --steps N (100) --lr X (3e-4) --min-lr X (lr/10) --warmup N (steps/10)\n"
-    "           --weight-decay X (0.1) --clip X (1.0) --seed N (1337)\n"
+    "           --weight-decay X (0.1) --clip X (1.0; 0: no clipping) --seed N (1337)\n"
     "           --zero 1: ZeRO-1, the Adam moments split over the data-parallel ranks (each keeps 1/D of\n"
     "           them; gradients reduce-scattered, parameters all-gathered); --zero 3: ZeRO-3 (FSDP), the\n"
     "           parameters and gradients split as well, each layer's gathered when used and let go after;\n"
