@@ -40,11 +40,22 @@
 #define CKPT_ZSTD_FILTER_ID 32015 /* the registered HDF5 filter id of Zstandard */
 
 /* Memory the library keeps beside its callers' buffers, for tools that work
- * within a memory limit: per thread that reads or writes (the reader's and
- * writer's scratch), and once (HDF5's caches, the writer's tables, the
- * program itself). */
-#define CKPT_THREAD_MEMORY ((int64_t)12 << 20)
-#define CKPT_FIXED_MEMORY ((int64_t)32 << 20)
+ * within a memory limit, beyond what the process holds when it plans (the
+ * program, its libraries, the index read; measured then, apart): once
+ * (HDF5's caches, the writer's tables, libcurl's connections) and per thread
+ * that reads or writes (the reader's and writer's scratch, the thread's
+ * stack and heap); more for a writer of zstd-compressed files (a compression
+ * context and HDF5's filter buffers a thread). Measured on conversions of a
+ * 384 MB checkpoint at 1 to 8 threads, local and from WebDAV (docs/
+ * BENCHMARKS.md, "The memory planner's allowance"): at most 5.3 MiB once and
+ * 1.9 MiB a thread beyond the buffers; writing zstd 13.5 MiB once and 13.7 a
+ * thread. These are about 1.5 times that. (Until 2026-12-01 one allowance of
+ * 32 MiB and 12 a thread served every run: sized for zstd, it refused
+ * limits plain conversions fit in.) */
+#define CKPT_FIXED_MEMORY ((int64_t)8 << 20)
+#define CKPT_THREAD_MEMORY ((int64_t)4 << 20)
+#define CKPT_ZSTD_FIXED_MEMORY ((int64_t)24 << 20)  /* in place of CKPT_FIXED_MEMORY */
+#define CKPT_ZSTD_THREAD_MEMORY ((int64_t)16 << 20) /* in place of CKPT_THREAD_MEMORY */
 
 /* ---------------------------------------------------------------- types */
 

@@ -16,6 +16,7 @@
 #include "../common/error.h"
 #include "../common/memory.h"
 #include "../common/parallel.h"
+#include "../common/parse.h"
 #include "../reshard/reshard.h"
 #include "dcp_internal.h"
 #include "torch_write.h"
@@ -418,18 +419,18 @@ int dcp_write_plan_create(ckpt_reader *source, const dcp_write_options *options,
     plan->files = w.to.tp * w.to.pp * w.dp;
     for (int i = 0; !status && options->others_from && i < dcp_num_entries(options->others_from); i++)
         plan->others += carried_along(&w, dcp_entry_at(options->others_from, i));
-    int64_t per_thread = 3 * block_bytes(&w) + 2 * w.largest_whole, share, beside;
+    int64_t per_thread = 3 * block_bytes(&w) + 2 * w.largest_whole, share;
     int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
     if (threads > plan->files) threads = plan->files;
-    if (!status) threads = reshard_threads_within(options->memory_limit, threads, per_thread, &share, &beside);
+    if (!status) threads = reshard_threads_within(options->memory_limit, threads, per_thread, 0, &share);
+    char row[32];
+    format_bytes((double)w.largest_row, row, sizeof row);
     if (!status && threads < 1)
-        status = tp_fail(TP_ERR_NOMEM, "memory limit of %lld bytes is too small: a thread needs %lld bytes of buffers "
-                         "(the longest row, %lld bytes of tensor %s%s%s%s) beside %lld of overhead (what this process "
-                         "holds now and the checkpoint library's allowance); raise --memory-limit",
-                         (long long)(options->memory_limit > 0 ? options->memory_limit : RESHARD_DEFAULT_MEMORY),
-                         (long long)per_thread, (long long)w.largest_row, w.longest_name ? w.longest_name : "(none)",
-                         w.whole_name ? "; the largest piece read whole, " : "", w.whole_name ? w.whole_name : "",
-                         w.whole_name ? ", twice" : "", (long long)beside);
+        status = reshard_memory_refusal(options->memory_limit, per_thread, 0,
+                                        "the longest row, %s of tensor %s%s%s%s", row,
+                                        w.longest_name ? w.longest_name : "(none)",
+                                        w.whole_name ? "; the largest piece read whole, " : "",
+                                        w.whole_name ? w.whole_name : "", w.whole_name ? ", twice" : "");
     plan->threads = threads > 0 ? threads : 1;
     plan->buffer_memory = plan->threads * per_thread;
     writer_free(&w);

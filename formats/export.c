@@ -212,15 +212,13 @@ static int plan_bands(exporter *x)
      * fixed overhead and each thread's reader scratch (and a page of slack:
      * a band's staging starts on a page); fewer threads when a share would
      * not hold the widest row. */
-    int64_t share, beside;
+    int64_t share;
     int threads = reshard_threads_within(limit, o->threads > 0 ? o->threads : parallel_cpu_count(), widest + PAGE_BYTES,
-                                         &share, &beside);
+                                         0, &share);
     share -= PAGE_BYTES;
     if (threads < 1)
-        return tp_fail(TP_ERR_ARG,
-                            "memory limit %lld bytes is too small: a row of tensor %s takes %lld bytes of buffers "
-                            "beside %lld of overhead (raise --memory-limit)",
-                            (long long)limit, widest_name, (long long)widest, (long long)(beside + PAGE_BYTES));
+        return reshard_memory_refusal(limit, widest + PAGE_BYTES, 0, "a row of tensor %s and a page of slack",
+                                      widest_name);
     x->num_bands = 0;
     for (int i = 0; i < x->count; i++) {
         out_tensor *t = &x->tensors[i];

@@ -1146,16 +1146,12 @@ int megatron_write_plan_create(ckpt_reader *source, const megatron_checkpoint *t
         }
     }
     /* Each thread holds a buffer and the staging reshard_read_piece_rows may use. */
-    int64_t per_thread = 2 * plan->largest_buffer, share, beside;
+    int64_t per_thread = 2 * plan->largest_buffer, share;
     int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
     if (threads > plan->files) threads = plan->files;
-    threads = reshard_threads_within(options->memory_limit, threads, per_thread, &share, &beside);
+    threads = reshard_threads_within(options->memory_limit, threads, per_thread, 0, &share);
     if (threads < 1)
-        return tp_fail(TP_ERR_NOMEM, "memory limit of %lld bytes is too small: tensor %s: a piece needs %lld bytes of "
-                       "buffers beside %lld of overhead (what this process holds now and the checkpoint library's "
-                       "allowance); raise --memory-limit",
-                       (long long)(options->memory_limit > 0 ? options->memory_limit : RESHARD_DEFAULT_MEMORY), largest,
-                       (long long)per_thread, (long long)beside);
+        return reshard_memory_refusal(options->memory_limit, per_thread, 0, "tensor %s, a piece", largest);
     plan->threads = threads;
     plan->buffer_memory = plan->threads * per_thread;
     return TP_OK;

@@ -235,6 +235,24 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
         cli_usage_error("tp-reshard", "the default output, %s, is the input itself (named after %s already): give -o OUT",
                         out, layout);
     }
+    /* --memory-limit bounds the whole run: the upload of a remote output
+     * (which verifies the local copy first) and --verify read the output
+     * back on no more threads than it leaves room for, as the write did; a
+     * limit that leaves room for none is refused before anything is written
+     * (the write alone may fit in less: 21 MiB against 35 for the verify of
+     * docs/BENCHMARKS.md's checkpoint). */
+    int asked = options->reshard.threads, remote = ckpt_is_remote(out);
+    int64_t limit = options->reshard.memory_limit;
+    int upload_threads = reshard_verify_threads(limit, asked > 0 ? asked : CKPT_TRANSFER_THREADS);
+    int threads = reshard_verify_threads(limit, asked > 0 ? asked : parallel_cpu_count());
+    if ((verify || remote) && (threads < 1 || upload_threads < 1)) {
+        reshard_memory_refusal(limit, RESHARD_READ_BACK_BYTES, 0, "%s, reading the output back in slabs",
+                               verify ? "--verify" : "the upload");
+        formats_write_plan_free(plan);
+        return fail("%s", tp_errmsg());
+    }
+    if (upload_threads < 1) upload_threads = 1; /* a local output's, read back by no one */
+    if (threads < 1) threads = 1;
     if (dry_run) {
         /* The plan of a run that would be refused is refused as that run. */
         if (ckpt_output_check(out, options->reshard.overwrite, format->writer->may_replace, NULL)) {
@@ -271,13 +289,6 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
             return refused;
         }
     }
-    /* --memory-limit bounds the whole run: the upload of a remote output
-     * (which verifies the local copy first) and --verify read the output
-     * back on no more threads than it leaves room for, as the write did. */
-    int asked = options->reshard.threads;
-    int64_t limit = options->reshard.memory_limit;
-    int upload_threads = reshard_verify_threads(limit, asked > 0 ? asked : CKPT_TRANSFER_THREADS);
-    int threads = reshard_verify_threads(limit, asked > 0 ? asked : parallel_cpu_count());
     progress_start(&bar, "reshard", s->bytes_written, force_progress);
     int code = cli_write_output(out, options->reshard.overwrite, format->writer->may_replace, NULL, upload_threads,
                                 in_run_directory && s->keeps_latest, run_write, plan)

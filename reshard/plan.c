@@ -8,6 +8,7 @@
  *  - split along a later axis A: the same rows of every output piece at once,
  *    so every source row is read once; per output piece and run along A, one
  *    strided move per source piece places [outer, run, inner] elements. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -358,17 +359,47 @@ ckpt_layout reshard_target_layout(const ckpt_layout *from, const reshard_options
     return to;
 }
 
-int reshard_threads_within(int64_t limit, int threads, int64_t need, int64_t *share, int64_t *beside)
+static void allowance(int zstd, int64_t *fixed, int64_t *per_thread)
+{
+    *fixed = zstd ? CKPT_ZSTD_FIXED_MEMORY : CKPT_FIXED_MEMORY;
+    *per_thread = zstd ? CKPT_ZSTD_THREAD_MEMORY : CKPT_THREAD_MEMORY;
+}
+
+int reshard_threads_within(int64_t limit, int threads, int64_t need, int zstd, int64_t *share)
 {
     if (limit <= 0) limit = RESHARD_DEFAULT_MEMORY;
-    int64_t base = resident_bytes() + CKPT_FIXED_MEMORY;
-    *beside = base + CKPT_THREAD_MEMORY;
+    int64_t fixed, per_thread;
+    allowance(zstd, &fixed, &per_thread);
+    int64_t base = resident_bytes() + fixed;
     *share = 0;
     for (; threads >= 1; threads--) {
-        *share = (limit - base) / threads - CKPT_THREAD_MEMORY;
+        *share = (limit - base) / threads - per_thread;
         if (*share >= need) return threads;
     }
     return 0;
+}
+
+int reshard_memory_refusal(int64_t limit, int64_t need, int zstd, const char *what, ...)
+{
+    if (limit <= 0) limit = RESHARD_DEFAULT_MEMORY;
+    char text[768];
+    va_list args;
+    va_start(args, what);
+    vsnprintf(text, sizeof text, what, args);
+    va_end(args);
+    int64_t fixed, per_thread, held = resident_bytes();
+    allowance(zstd, &fixed, &per_thread);
+    char given[32], least[32], buffers[32], holds[32], reserve[32];
+    format_bytes((double)limit, given, sizeof given);
+    format_bytes((double)(held + fixed + per_thread + need), least, sizeof least);
+    format_bytes((double)need, buffers, sizeof buffers);
+    format_bytes((double)held, holds, sizeof holds);
+    format_bytes((double)(fixed + per_thread), reserve, sizeof reserve);
+    return tp_fail(TP_ERR_ARG,
+                   "memory limit of %s is too small: one thread needs at least %s: %s: %s of buffers, beside the %s "
+                   "this process holds now and %s set aside for the checkpoint library%s (its caches and one "
+                   "thread's scratch: an allowance, not a measure); raise --memory-limit",
+                   given, least, text, buffers, holds, reserve, zstd ? " writing zstd" : "");
 }
 
 int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_options *options)
@@ -454,26 +485,16 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
      * rest split between the threads' staging and output buffers. With too
      * little for one checksum block per slab, fewer threads are tried. */
     int64_t limit = o->memory_limit > 0 ? o->memory_limit : RESHARD_DEFAULT_MEMORY;
-    int threads = o->threads > 0 ? o->threads : parallel_cpu_count();
-    int64_t base = resident_bytes() + CKPT_FIXED_MEMORY, budget = 0;
-    for (; threads >= 1; threads--) {
-        budget = (limit - base) / threads - CKPT_THREAD_MEMORY;
-        if (budget > 0 && size_slabs(plan, budget) == 0) break;
-    }
-    if (threads < 1) {
-        const char *name;
-        int64_t needed = largest_block(plan, &name);
-        char given[32], total[32], block[32], held[32], reserve[32];
-        format_bytes((double)limit, given, sizeof given);
-        format_bytes((double)(needed + CKPT_THREAD_MEMORY + base), total, sizeof total);
-        format_bytes((double)needed, block, sizeof block);
-        format_bytes((double)(base - CKPT_FIXED_MEMORY), held, sizeof held);
-        format_bytes((double)(CKPT_FIXED_MEMORY + CKPT_THREAD_MEMORY), reserve, sizeof reserve);
-        status = tp_fail(TP_ERR_ARG,
-                         "memory limit of %s is too small: tensor %s needs at least %s (one checksum block per slab, "
-                         "%s, beside the %s this process holds now and %s set aside for the checkpoint library: "
-                         "HDF5's caches and one thread's scratch, an allowance, not a measure); raise --memory-limit",
-                         given, name ? name : "(none)", total, block, held, reserve);
+    /* zstd's writers hold more a thread; the GPU executor's own has not
+     * been measured, so it is given that larger allowance too. */
+    int heavy = plan->compress_level > 0 || plan->use_cuda;
+    const char *name;
+    int64_t needed = largest_block(plan, &name), budget = 0;
+    int threads = reshard_threads_within(limit, o->threads > 0 ? o->threads : parallel_cpu_count(),
+                                         needed > 0 ? needed : 1, heavy, &budget);
+    if (threads < 1 || size_slabs(plan, budget) != 0) {
+        status = reshard_memory_refusal(limit, needed, heavy, "tensor %s (one checksum block per slab)",
+                                        name ? name : "(none)");
         reshard_plan_free(plan);
         return status;
     }

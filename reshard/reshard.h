@@ -20,15 +20,29 @@
 
 #define RESHARD_DEFAULT_MEMORY ((int64_t)1 << 30)
 
-/* How a writer of another format keeps to a memory limit (limit; 0:
- * RESHARD_DEFAULT_MEMORY), which bounds the process's resident memory: the
- * most threads, up to `threads`, whose equal shares of what the limit leaves
- * beside what this process holds now and the checkpoint library's allowance
- * (CKPT_FIXED_MEMORY, and CKPT_THREAD_MEMORY a thread) each hold `need`
- * bytes of buffers; 0 when not one does. *share gets each thread's share
- * (at least need), *beside the overhead for one thread (for a message
- * saying why). */
-int reshard_threads_within(int64_t limit, int threads, int64_t need, int64_t *share, int64_t *beside);
+/* How a tool keeps to a memory limit (limit; 0: RESHARD_DEFAULT_MEMORY),
+ * which bounds the process's resident memory: the most threads, up to
+ * `threads`, whose equal shares of what the limit leaves beside what this
+ * process holds now and the checkpoint library's allowance (CKPT_FIXED_MEMORY
+ * once and CKPT_THREAD_MEMORY a thread; the CKPT_ZSTD_ ones for a writer of
+ * zstd, when `zstd`) each hold `need` bytes of buffers; 0 when not one does.
+ * *share gets each thread's share (at least need). The one home of the rule:
+ * reshard's plan, the other formats' writers, export, the reading back of an
+ * output and tp-ckpt's verify and copy size their threads here. */
+int reshard_threads_within(int64_t limit, int threads, int64_t need, int zstd, int64_t *share);
+
+/* The refusal of a limit in which not one thread fits (TP_ERR_ARG): `what`
+ * (a printf format) needs `need` bytes of buffers a thread. The message
+ * gives the limit, the least limit that would do, the buffers, what the
+ * process holds now and the allowance apart, every size in format_bytes'
+ * units, and ends "raise --memory-limit". */
+int reshard_memory_refusal(int64_t limit, int64_t need, int zstd, const char *what, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Bytes a thread reads into when a checkpoint is read back whole (verified,
+ * its digests computed, downloaded in parts and verified): slabs of up to
+ * 16 MiB (ckpt_verify's, reshard_verify's; a download's parts are 8). */
+#define RESHARD_READ_BACK_BYTES ((int64_t)16 << 20)
 
 typedef enum { RESHARD_DEVICE_AUTO = 0, RESHARD_DEVICE_CPU, RESHARD_DEVICE_CUDA } reshard_device;
 
@@ -101,8 +115,10 @@ int reshard_verify(ckpt_reader *source, ckpt_reader *output, int threads, reshar
  * limit (limit; 0: RESHARD_DEFAULT_MEMORY) after it is written: reshard_verify,
  * reopening it to compute its digests, verifying and uploading it to an object
  * store. The limit bounds the whole run, not the write alone, and each such
- * thread reads slabs of up to 16 MiB beside its scratch. At least 1: the write
- * ran within the limit on as many threads as it had room for. */
+ * thread reads slabs of RESHARD_READ_BACK_BYTES beside its scratch
+ * (reshard_threads_within). 0 when not one fits: a limit the write fits in
+ * (its slabs may be a checksum block) may leave no room to read it back, and
+ * is refused before anything is written (reshard_memory_refusal). */
 int reshard_verify_threads(int64_t limit, int threads);
 
 /* Reads piece `piece` of tensor `index` of source as it is laid out at degree

@@ -11,7 +11,7 @@
 #include "../common/parallel.h"
 #include "internal.h"
 
-#define VERIFY_SLAB_BYTES ((int64_t)16 << 20)
+#define VERIFY_SLAB_BYTES RESHARD_READ_BACK_BYTES
 
 typedef struct {
     ckpt_reader *source, *output;
@@ -92,9 +92,8 @@ static int verify_tensor(void *ctx, int64_t i, int thread)
 
 int reshard_verify_threads(int64_t limit, int threads)
 {
-    int64_t share, beside;
-    int fit = reshard_threads_within(limit, threads, VERIFY_SLAB_BYTES, &share, &beside);
-    return fit > 0 ? fit : 1;
+    int64_t share;
+    return reshard_threads_within(limit, threads, VERIFY_SLAB_BYTES, 0, &share);
 }
 
 int reshard_verify(ckpt_reader *source, ckpt_reader *output, int threads, reshard_verify_result *result)

@@ -136,6 +136,15 @@ j = json.load(open(sys.argv[1]))
 assert j["peak_rss_bytes"] <= 64 * 2**20, j["peak_rss_bytes"]' "$WORK/.out"
         expect_ok "what went up is the source" "$CK" diff "$WORK/fat" "$U/fat2"
         rm -rf "$WORK/fat"
+        # From a URL within 64 MiB on 8 threads: refused while the allowance
+        # was 32 MiB and 12 a thread (35 MiB at 80M on one); 46 MiB measured.
+        expect_ok "reshard remote -> local on 8 threads within 64 MiB (refused before)" "$RS" "$U/fat2" --to tp4 \
+            -o "$WORK/fat4" --memory-limit 64M --threads 8 --json
+        check "its peak RSS within the limit" "$PY" -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["peak_rss_bytes"] <= 64 * 2**20, (j["peak_rss_bytes"], j["threads"])' "$WORK/.out"
+        rm -rf "$WORK/fat4"
     fi
     expect_ok "reshard remote -> remote --verify" "$RS" "$U/run/step_00000010" --to tp1pp2 -o "$U/r-remote2" --verify
     check "reshard remote -> remote: verified" grep -q "^verified: 84 tensors equal" "$WORK/.out"

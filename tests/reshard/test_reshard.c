@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../../common/memory.h"
 #include "../../kernels/kernels.h"
 #include "../../reshard/reshard.h"
 #include "../support/fixture.h"
@@ -240,12 +241,57 @@ Test(reshard, impossible_targets_name_the_tensor)
  * kept to: fewer threads where it leaves no room, never none. */
 Test(reshard, verify_threads_within_memory)
 {
-    cr_assert_eq(reshard_verify_threads(64 << 20, 8), 1);
-    cr_assert_eq(reshard_verify_threads(1, 8), 1);
+    int64_t held = resident_bytes(), mib = 1 << 20;
+    cr_assert_eq(reshard_verify_threads(held + 30 * mib, 8), 1);
+    cr_assert_eq(reshard_verify_threads(1, 8), 0, "none fits: the caller refuses the limit");
     cr_assert_eq(reshard_verify_threads((int64_t)1 << 30, 8), 8);
     cr_assert_eq(reshard_verify_threads(0, 4), 4, "0 is the default limit, 1 GiB");
     int some = reshard_verify_threads(256 << 20, 64);
     cr_assert(some > 1 && some < 64, "%d threads within 256 MiB", some);
+}
+
+/* The allowance beside the buffers is the measured one (ckpt.h,
+ * docs/BENCHMARKS.md): a plain reader or writer's thread fits in what the
+ * process holds, 8 MiB and 4 MiB a thread beside its buffers; a zstd
+ * writer's needs more. Until 2026-12-01 every thread was given 32 MiB and
+ * 12 MiB, and two read-back threads within 50 MiB above what the process
+ * holds were one. */
+Test(reshard, threads_within_measured_allowance)
+{
+    int64_t held = resident_bytes(), share = -1, mib = 1 << 20;
+    cr_assert_eq(reshard_verify_threads(held + 50 * mib, 2), 2, "two 16 MiB readers beside 8 + 2 x 4 MiB");
+    cr_assert_eq(reshard_verify_threads(held + 50 * mib, 8), 2);
+    cr_assert_eq(reshard_threads_within(held + 20 * mib, 8, 4 * mib, 0, &share), 1);
+    cr_assert(share >= 4 * mib && share <= 12 * mib, "%lld", (long long)share);
+    cr_assert_eq(reshard_threads_within(held + 20 * mib, 1, 4 * mib, 1, &share), 0, "zstd: 24 MiB + 16 a thread");
+    cr_assert_eq(reshard_threads_within(held + 48 * mib, 1, 4 * mib, 1, &share), 1);
+    cr_assert_eq(reshard_threads_within(held + 4 * mib, 4, 1, 0, &share), 0, "below the fixed allowance");
+    /* Every thread's share, buffers and allowance, within the limit. */
+    for (int64_t limit = 16 * mib; limit <= 256 * mib; limit += 7 * mib)
+        for (int zstd = 0; zstd <= 1; zstd++) {
+            int fit = reshard_threads_within(held + limit, 16, 2 * mib, zstd, &share);
+            int64_t fixed = zstd ? CKPT_ZSTD_FIXED_MEMORY : CKPT_FIXED_MEMORY;
+            int64_t thread = zstd ? CKPT_ZSTD_THREAD_MEMORY : CKPT_THREAD_MEMORY;
+            if (!fit) continue;
+            cr_assert(held + fixed + fit * (thread + share) <= held + limit + mib, "%d threads of %lld within %lld",
+                      fit, (long long)share, (long long)limit);
+            cr_assert(fit == 16 || (limit - fixed) / (fit + 1) - thread < 3 * mib, "one more would fit");
+        }
+}
+
+/* Refusals of a limit say every size in one unit (format_bytes'), whichever
+ * writer refuses: the DCP, Megatron and export writers said bytes. */
+Test(reshard, memory_refusal_one_unit)
+{
+    cr_assert_eq(reshard_memory_refusal(64 << 20, 3 << 20, 0, "tensor %s (%s)", "model/x", "a row"), TP_ERR_ARG);
+    const char *m = tp_errmsg();
+    cr_assert(strstr(m, "memory limit of 64.00 MiB is too small: one thread needs at least "), "%s", m);
+    cr_assert(strstr(m, "tensor model/x (a row): 3.00 MiB of buffers"), "%s", m);
+    cr_assert(strstr(m, "12.00 MiB set aside for the checkpoint library (") && strstr(m, "raise --memory-limit"), "%s", m);
+    cr_assert(!strstr(m, " bytes"), "%s", m);
+    cr_assert_eq(reshard_memory_refusal(0, 1, 1, "x"), TP_ERR_ARG);
+    cr_assert(strstr(tp_errmsg(), "memory limit of 1.00 GiB") && strstr(tp_errmsg(), "40.00 MiB set aside for the "
+              "checkpoint library writing zstd"), "%s", tp_errmsg());
 }
 
 Test(reshard, layouts_parse)
