@@ -15,6 +15,7 @@
 #include "../formats/megatron.h"
 #include "../formats/registry.h"
 #include "../model/interop.h"
+#include "../reshard/reshard.h"
 #include "cli.h"
 #include "synth.h"
 
@@ -24,7 +25,8 @@ static const char *usage_text =
     "commands:\n"
     "  info CKPT [--json]           layout, step, model and the tensor table (also of a\n"
     "                               Megatron checkpoint or a PyTorch distributed checkpoint)\n"
-    "  verify CKPT [--threads N]    check completeness and every checksum (exit 1 if damaged)\n"
+    "  verify CKPT [--threads N] [--memory-limit SIZE]\n"
+    "                               check completeness and every checksum (exit 1 if damaged)\n"
     "  diff A B [--tol X] [--atol X] [--threads N] [--weights-only]\n"
     "                               compare the merged tensors of two checkpoints, any layouts\n"
     "                               (default bit-exact; exit 1 if they differ)\n"
@@ -44,7 +46,7 @@ static const char *usage_text =
     "                               a Hugging Face GPT-2 or Llama (config.json + safetensors),\n"
     "                               or a Megatron GPT-2 or Llama, as a sharded checkpoint, to\n"
     "                               train from\n"
-    "  copy SRC DST [--threads N] [--force] [--progress]\n"
+    "  copy SRC DST [--threads N] [--memory-limit SIZE] [--force] [--progress]\n"
     "                               upload a checkpoint to, or download it from, an object store\n"
     "                               (http(s)://, s3://bucket/prefix: docs/STORES.md); SRC may be a\n"
     "                               run directory (its newest checkpoint)\n"
@@ -503,14 +505,56 @@ static int cmd_info(int argc, char **argv)
 
 static void verify_progress(void *bar, int64_t bytes) { progress_add(bar, bytes); }
 
+/* Under --memory-limit (limit > 0), the line that says what the process
+ * held at its peak, as tp-reshard's summary does: what a limit is checked
+ * against. */
+static void print_peak(int64_t limit)
+{
+    if (limit <= 0) return;
+    char peak[32], given[32];
+    format_bytes((double)cli_peak_rss_bytes(), peak, sizeof peak);
+    format_bytes((double)limit, given, sizeof given);
+    printf("peak memory %s (--memory-limit %s)\n", peak, given);
+}
+
+/* A PyTorch distributed checkpoint's verify holds more a thread than ours:
+ * each item's archive checked, then its tensors read through boxes (a bounce
+ * of up to 8 MiB). Measured on a 384 MB DCP of 16 MB items: 25 MiB a thread
+ * beside what the process holds on one thread, 24 on two and three (docs/
+ * BENCHMARKS.md); given 16 + 8 beside the library's 4. */
+#define DCP_VERIFY_THREAD_BYTES (RESHARD_READ_BACK_BYTES + ((int64_t)8 << 20))
+
+/* Threads for reading a checkpoint back whole (verify, copy) within
+ * --memory-limit (0: none given, `threads` kept), asked once it is open (its
+ * index is part of what the process holds), by the planner's rule: each
+ * thread reads into `need` bytes (RESHARD_READ_BACK_BYTES: slabs). 0, after
+ * saying why, when not one fits (a usage error, exit 2: not damage, which
+ * verify's exit 1 means). */
+static int read_back_threads(int64_t limit, int threads, int64_t need, const char *what)
+{
+    if (limit <= 0) return threads;
+    int64_t share;
+    int fit = reshard_threads_within(limit, threads, need, 0, &share);
+    if (fit < 1) {
+        reshard_memory_refusal(limit, need, 0, "%s, reading in slabs", what);
+        fail("%s", tp_errmsg());
+    }
+    return fit;
+}
+
 /* A Megatron-LM checkpoint: what opening it checks (every rank file, its
  * zip and pickle, every tensor's shape on every rank and that its bytes lie
  * in the file, the optimizer state against the model), then every zip
  * entry of every file read against its CRC-32. */
-static int verify_megatron(const char *path, int threads)
+static int verify_megatron(const char *path, int threads, int64_t limit)
 {
     megatron_checkpoint *m;
     if (megatron_open(path, &m)) return fail("%s", tp_errmsg());
+    threads = read_back_threads(limit, threads, RESHARD_READ_BACK_BYTES, "verify");
+    if (threads < 1) {
+        megatron_close(m);
+        return 2;
+    }
     int64_t total = megatron_bytes(m);
     progress bar;
     progress_start(&bar, "verify", total, 0);
@@ -556,6 +600,7 @@ static int verify_megatron(const char *path, int threads)
         printf("ok: %s: %d files, %d zip entries (%s) match their CRC-32s, read in %.2f s%s; checked at open: every rank "
                "file, its zip and pickle, every tensor's shape on every rank and that its bytes lie in the file\n",
                megatron_path(m), result.files, result.entries - result.unchecked, size, seconds, copies);
+    if (!bad) print_peak(limit);
     megatron_close(m);
     return bad ? 1 : 0;
 }
@@ -564,11 +609,16 @@ static int verify_megatron(const char *path, int threads)
  * every chunk's item: its archive, pickle, dtype and shape), every zip entry
  * of every item against its CRC-32, then every tensor read whole, and
  * compared with its logical digest where the checkpoint carries them. */
-static int verify_dcp(const char *path, const checkpoint_format *format, int threads)
+static int verify_dcp(const char *path, const checkpoint_format *format, int threads, int64_t limit)
 {
     formats_source *source = NULL;
     formats_source_options options = {.threads = threads};
     if (formats_source_open(path, format, &options, &source)) return fail("%s", tp_errmsg());
+    threads = read_back_threads(limit, threads, DCP_VERIFY_THREAD_BYTES, "verify");
+    if (threads < 1) {
+        formats_source_close(source);
+        return 2;
+    }
     ckpt_reader *r = formats_source_reader(source);
     const megatron_dist *m = formats_source_megatron_dist(source);
     const dcp_checkpoint *d = formats_source_dcp(source);
@@ -630,6 +680,7 @@ static int verify_dcp(const char *path, const checkpoint_format *format, int thr
                dcp_has_description(d) ? ", each equal to the logical digest the description records"
                : m                    ? " under their canonical names (Megatron-Core torch_dist)"
                                       : " (the checkpoint records no digests of ours)", seconds, copies);
+    if (!bad) print_peak(limit);
     ckpt_verify_result_free(&result);
     formats_source_close(source);
     return bad ? 1 : 0;
@@ -637,17 +688,22 @@ static int verify_dcp(const char *path, const checkpoint_format *format, int thr
 
 static int cmd_verify(int argc, char **argv)
 {
-    int64_t threads = parallel_cpu_count();
+    int64_t threads = parallel_cpu_count(), limit = 0;
     static const struct option options[] = {{"threads", required_argument, 0, 't'},
+                                            {"memory-limit", required_argument, 0, 'm'},
                                             {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "t:h", options, NULL)) != -1) {
         if (c == 't') threads = cli_int("tp-ckpt", "--threads", optarg, 1, 1024);
+        else if (c == 'm') limit = cli_size("tp-ckpt", "--memory-limit", optarg);
         else if (c == 'h') {
-            printf("usage: tp-ckpt verify CKPT [--threads N]\n"
+            printf("usage: tp-ckpt verify CKPT [--threads N] [--memory-limit SIZE]\n"
                    "Checks that every shard is present with its recorded size, that every tensor\n"
                    "matches its index entry, every block its checksum, and padding is zero.\n"
-                   "Every damaged file and piece is reported; exit 1 if any.\n");
+                   "Every damaged file and piece is reported; exit 1 if any.\n"
+                   "  --threads N          reading threads (default: all cores)\n"
+                   "  --memory-limit SIZE  bound on resident memory, e.g. 64M: fewer threads where it\n"
+                   "                       leaves no room for more; too small for one is refused (exit 2)\n");
             return 0;
         } else die_usage("verify: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
@@ -657,10 +713,15 @@ static int cmd_verify(int argc, char **argv)
     if (!format) return code;
     /* Another tool's: what it records (CRC-32s, digests) checked as well. */
     if (!strcmp(format->name, "torch_dist") || !strcmp(format->name, "dcp"))
-        return verify_dcp(argv[optind], format, (int)threads);
-    if (!strcmp(format->name, "megatron")) return verify_megatron(argv[optind], (int)threads);
+        return verify_dcp(argv[optind], format, (int)threads, limit);
+    if (!strcmp(format->name, "megatron")) return verify_megatron(argv[optind], (int)threads, limit);
     formats_source *source = open_or_die(argv[optind], 1, 1, 0, &code); /* every damaged file reported */
     if (!source) return code;
+    threads = read_back_threads(limit, (int)threads, RESHARD_READ_BACK_BYTES, "verify");
+    if (threads < 1) {
+        formats_source_close(source);
+        return 2;
+    }
     ckpt_reader *r = formats_source_reader(source);
     int64_t total = 0;
     for (int i = 0; i < ckpt_reader_num_tensors(r); i++)
@@ -738,6 +799,7 @@ static int cmd_verify(int argc, char **argv)
         printf("ok: %s: %d tensors, %lld pieces, %s verified in %.2f s (%.0f MB/s)\n", ckpt_reader_path(r),
                ckpt_reader_num_tensors(r), (long long)result.pieces, size, seconds,
                seconds > 0 ? (double)result.bytes / seconds / 1e6 : 0.0);
+    if (!bad) print_peak(limit);
     ckpt_verify_result_free(&result);
     formats_source_close(source);
     return bad ? 1 : 0;
@@ -1474,8 +1536,10 @@ static void copied_bytes(void *ctx, int64_t bytes)
 static int cmd_copy(int argc, char **argv)
 {
     int threads = 0, force = 0, force_progress = 0;
-    enum { O_THREADS = 256, O_FORCE, O_PROGRESS };
+    int64_t limit = 0;
+    enum { O_THREADS = 256, O_MEMORY, O_FORCE, O_PROGRESS };
     static const struct option options[] = {{"threads", required_argument, 0, O_THREADS},
+                                            {"memory-limit", required_argument, 0, O_MEMORY},
                                             {"force", no_argument, 0, O_FORCE},
                                             {"progress", no_argument, 0, O_PROGRESS},
                                             {"help", no_argument, 0, 'h'},
@@ -1484,13 +1548,16 @@ static int cmd_copy(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
         switch (c) {
         case O_THREADS: threads = (int)cli_int("tp-ckpt", "--threads", optarg, 1, 256); break;
+        case O_MEMORY: limit = cli_size("tp-ckpt", "--memory-limit", optarg); break;
         case O_FORCE: force = 1; break;
         case O_PROGRESS: force_progress = 1; break;
         case 'h':
-            printf("usage: tp-ckpt copy SRC DST [--threads N (8)] [--force] [--progress]\n"
+            printf("usage: tp-ckpt copy SRC DST [--threads N (8)] [--memory-limit SIZE] [--force] [--progress]\n"
                    "Copies a checkpoint to or from an object store: files in parallel, the index last,\n"
                    "so that DST shows the checkpoint whole or not at all. SRC may be a run directory\n"
-                   "(its newest checkpoint); a DST named step_N updates its run directory's latest.\n");
+                   "(its newest checkpoint); a DST named step_N updates its run directory's latest.\n"
+                   "--memory-limit bounds resident memory (e.g. 64M): fewer transfers where it leaves\n"
+                   "no room for more; too small for one is refused (exit 2).\n");
             return 0;
         default: die_usage("copy: unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
@@ -1513,7 +1580,11 @@ static int cmd_copy(int argc, char **argv)
         total += bytes;
     }
     int64_t step = ckpt_reader_state(r)->step;
+    /* Sized while the source is open: its index is read again to copy it. */
+    if (limit > 0) threads = read_back_threads(limit, threads > 0 ? threads : CKPT_TRANSFER_THREADS, RESHARD_READ_BACK_BYTES,
+                                               "copy");
     ckpt_reader_close(r);
+    if (limit > 0 && threads < 1) return 2;
     /* A DST named step_N must record step N, as every writer's output (it
      * named step_00000100 a checkpoint of step 200, and `latest` followed). */
     int refused = run_output_refused(target, step, 0);
@@ -1545,6 +1616,7 @@ static int cmd_copy(int argc, char **argv)
     format_bytes((double)total, size, sizeof size);
     printf("copied %s to %s: %s in %.2f s (%.0f MB/s)\n", resolved, target, size, seconds,
            seconds > 0 ? (double)total / seconds / 1e6 : 0.0);
+    print_peak(limit);
     return 0;
 }
 

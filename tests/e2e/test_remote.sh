@@ -145,6 +145,18 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["peak_rss_bytes"] <= 64 * 2**20, (j["peak_rss_bytes"], j["threads"])' "$WORK/.out"
         rm -rf "$WORK/fat4"
+        # tp-ckpt copy down and verify of a URL within --memory-limit: 141
+        # and 86 MiB on 8 threads unbounded.
+        for run in "copy $U/fat2 $WORK/fat-down" "verify $U/fat2"; do
+            expect_ok "tp-ckpt ${run%% *} of a URL on 8 threads within 48M" "$CK" $run --threads 8 --memory-limit 48M
+            check "its peak memory within 48M" "$PY" "$ROOT/tests/support/peak_within.py" "$WORK/.out" 48
+        done
+        expect_ok "what came down is what went up" "$CK" diff "$WORK/fat-down" "$U/fat2"
+        rm -rf "$WORK/fat-down"
+        expect_error "tp-ckpt copy within 24M: refused (a usage error), nothing written" 2 \
+            "^tp-ckpt: error: memory limit of 24.00 MiB is too small: one thread needs at least [0-9.]+ MiB: copy, reading in slabs: 16.00 MiB of buffers" \
+            "$CK" copy "$U/fat2" "$WORK/fat-down" --memory-limit 24M
+        check "nothing downloaded" [ ! -e "$WORK/fat-down" ]
     fi
     expect_ok "reshard remote -> remote --verify" "$RS" "$U/run/step_00000010" --to tp1pp2 -o "$U/r-remote2" --verify
     check "reshard remote -> remote: verified" grep -q "^verified: 84 tensors equal" "$WORK/.out"

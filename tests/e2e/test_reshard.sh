@@ -201,6 +201,14 @@ assert j["verified"] and j["peak_rss_bytes"] <= 48 * 2**20, j["peak_rss_bytes"]'
         "memory limit of 40.00 MiB is too small: one thread needs at least [0-9.]+ MiB: --verify, reading the output back in slabs: 16.00 MiB of buffers" \
         "$RS" "$WORK/big" --to tp2 -o "$WORK/big3" --memory-limit 40M --verify
     check "nothing written" [ ! -e "$WORK/big3" ]
+    # tp-ckpt verify within --memory-limit: 72 MiB on 8 threads unbounded.
+    # (Its own peak, said under --memory-limit: a Python parent's rusage of
+    # its children counts the Python it was spawned from.)
+    expect_ok "tp-ckpt verify on 8 threads within 48M" "$CK" verify "$WORK/big" --threads 8 --memory-limit 48M
+    check "its peak memory within 48M" "$PY" "$ROOT/tests/support/peak_within.py" "$WORK/.out" 48
+    expect_error "tp-ckpt verify within 24M: refused (a usage error)" 2 \
+        "^tp-ckpt: error: memory limit of 24.00 MiB is too small: one thread needs at least [0-9.]+ MiB: verify, reading in slabs: 16.00 MiB of buffers, beside the [0-9.]+ MiB this process holds now and 12.00 MiB set aside" \
+        "$CK" verify "$WORK/big" --memory-limit 24M
 fi
 expect_ok "and it is right" "$CK" diff "$WORK/big" "$WORK/big2"
 if [ "${SANITIZED:-0}" = 1 ]; then
