@@ -107,6 +107,70 @@ static int command_output(const char *command, char *out, size_t size)
     return tp_fail(TP_ERR_IO, "'%s' failed (%s): %.1000s", command, how, n ? out : "(it said nothing)");
 }
 
+/* The CPUs of a CPU_IDs list of scontrol's ("0-3,8,10-11"): 12 there, -1
+ * when it is not such a list. */
+static int count_cpu_ids(const char *ids, size_t length)
+{
+    int count = 0;
+    for (size_t i = 0; i < length;) {
+        char *end = NULL;
+        long a = strtol(ids + i, &end, 10), b = a;
+        if (end == ids + i || a < 0) return -1;
+        i = (size_t)(end - ids);
+        if (i < length && ids[i] == '-') {
+            const char *from = ids + i + 1;
+            b = strtol(from, &end, 10);
+            if (end == from || b < a) return -1;
+            i = (size_t)(end - ids);
+        }
+        count += (int)(b - a + 1);
+        if (i < length && ids[i] != ',') return -1;
+        i++;
+    }
+    return count;
+}
+
+/* The job's own CPUs on each of its nodes and its CPUs per task, from
+ * `scontrol show job -d JOB` (lines "Nodes=n[1-2] CPU_IDs=0-3 Mem=..." and
+ * "CPUs/Task=N"): an allocation that does not hold whole nodes (--ntasks-
+ * per-node=8 on nodes of 64 CPUs, no --exclusive) may start only that many
+ * tasks there, and srun refused a step of the node's CPU count ("More
+ * processors requested than permitted"), relaunched until it was called a
+ * bug; SLURM_JOB_CPUS_PER_NODE (elastic_launch_env) says the same. Nodes
+ * the answer does not name keep the node's CPUs (sinfo's). */
+static int slurm_job_cpus(const char *job_id, elastic_capacity *out, int *cpus_per_task)
+{
+    char detail[65536], command[4200];
+    *cpus_per_task = 1;
+    snprintf(command, sizeof command, "scontrol show job -d %s", job_id);
+    TP_TRY(command_output(command, detail, sizeof detail));
+    const char *per_task = strstr(detail, "CPUs/Task=");
+    if (per_task && atoi(per_task + 10) > 1) *cpus_per_task = atoi(per_task + 10);
+    char *lines = NULL;
+    for (char *line = strtok_r(detail, "\n", &lines); line; line = strtok_r(NULL, "\n", &lines)) {
+        line += strspn(line, " ");
+        if (strncmp(line, "Nodes=", 6) != 0) continue;
+        char *ids = strstr(line, " CPU_IDs=");
+        if (!ids) continue;
+        size_t list_length = (size_t)(ids - line) - 6;
+        ids += 9;
+        int cpus = count_cpu_ids(ids, strcspn(ids, " "));
+        if (cpus < 1) continue;
+        char list[4096], names[65536];
+        if (list_length >= sizeof list) continue;
+        memcpy(list, line + 6, list_length);
+        list[list_length] = '\0';
+        if (strspn(list, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.,-[]") != list_length) continue;
+        snprintf(command, sizeof command, "scontrol show hostnames '%s'", list);
+        char *save = NULL;
+        TP_TRY(command_output(command, names, sizeof names));
+        for (char *name = strtok_r(names, "\n", &save); name; name = strtok_r(NULL, "\n", &save))
+            for (int i = 0; i < out->nodes; i++)
+                if (strcmp(out->node_names[i], name) == 0) out->node_cpus[i] = cpus;
+    }
+    return TP_OK;
+}
+
 /* The nodes of the allocation as Slurm sees them now (the SLURM_*
  * environment of the allocation is not updated when it shrinks): its node
  * list from squeue, expanded by scontrol, less the nodes that are down.
@@ -143,9 +207,17 @@ static int read_slurm(const elastic_capacity_source *source, elastic_capacity *o
         if (strstr(state, "down") || strstr(state, "drain") || strstr(state, "fail") || strchr(state, '*')) continue;
         int64_t node_cpus = 0; /* unknown when sinfo says something else */
         if (parse_int_in_file(cpus, 0, 1 << 20, &node_cpus) != 0) node_cpus = 0;
-        int ranks = source->ranks_per_node > 0 ? source->ranks_per_node : (int)node_cpus;
-        if (ranks < 1) ranks = 1;
-        TP_TRY(add_node(out, name, ranks, (int)node_cpus, "the Slurm allocation"));
+        TP_TRY(add_node(out, name, 0, (int)node_cpus, "the Slurm allocation"));
+    }
+    /* The ranks of each node: the job's CPUs there (not the node's: the
+     * job may hold part of it), a task's CPUs each, or --ranks-per-node. */
+    int cpus_per_task = 1;
+    if (out->nodes > 0) TP_TRY(slurm_job_cpus(source->job_id, out, &cpus_per_task));
+    out->world = 0;
+    for (int i = 0; i < out->nodes; i++) {
+        int ranks = source->ranks_per_node > 0 ? source->ranks_per_node : out->node_cpus[i] / cpus_per_task;
+        out->node_ranks[i] = ranks < 1 ? 1 : ranks;
+        out->world += out->node_ranks[i];
     }
     return TP_OK;
 }

@@ -142,7 +142,9 @@ static void fake_slurm(char *old_path, size_t size)
                    "  echo 'slurm_load_jobs error: Unable to contact slurm controller (connect failure)' >&2; exit 1\nfi\n"
                    "echo 'n[1-2]'\n"},
         /* the real one, given "", prints nothing and exits 0 */
-        {"scontrol", "#!/bin/sh\n[ \"$3\" = 'n[1-2]' ] && printf 'n1\\nn2\\n'\nexit 0\n"},
+        /* show job -d: DIR/job, when there is one (the job's CPUs per node) */
+        {"scontrol", "#!/bin/sh\n[ \"$2\" = job ] && { cat \"$(dirname \"$0\")/../job\" 2>/dev/null; exit 0; }\n"
+                     "case \"$3\" in 'n[1-2]') printf 'n1\\nn2\\n' ;; n*) echo \"$3\" ;; esac\nexit 0\n"},
         {"sinfo", "#!/bin/sh\ncase \"$*\" in *n2*) echo 'down* 4' ;; *) echo 'idle 4' ;; esac\n"},
     };
     for (size_t i = 0; i < sizeof scripts / sizeof *scripts; i++) {
@@ -181,6 +183,46 @@ Test(elastic, slurm_capacity_unreadable_is_not_zero_nodes)
     cr_assert(strstr(tp_errmsg(), "squeue -h -j 77 -o %N' failed (exit status 1): slurm_load_jobs error: "
                                   "Unable to contact slurm controller"),
               "%s", tp_errmsg());
+}
+
+/* An allocation that holds part of its nodes (--ntasks-per-node=1 on
+ * nodes of 4 CPUs, no --exclusive) has the job's CPUs there, as scontrol
+ * show job -d says, not the node's: srun refused a step of the node's CPU
+ * count ("More processors requested than permitted"), every relaunch
+ * alike, and the run gave up calling it a bug. A task of several CPUs
+ * (CPUs/Task) is one rank; SLURM_JOB_CPUS_PER_NODE says the job's CPUs. */
+Test(elastic, slurm_capacity_is_the_jobs_cpus_not_the_nodes)
+{
+    char old_path[4096], job[600];
+    fake_slurm(old_path, sizeof old_path);
+    snprintf(job, sizeof job, "%s/job", dir);
+    write_text(job, "JobId=77 JobName=a\n   NumNodes=2 NumCPUs=3 NumTasks=3 CPUs/Task=1 ReqB:S:C:T=0:0:*:*\n"
+                    "   JOB_GRES=(null)\n     Nodes=n1 CPU_IDs=0-1,3 Mem=0 GRES=\n"
+                    "     Nodes=n2 CPU_IDs=2 Mem=0 GRES=\n   MinCPUsNode=1\n");
+    elastic_capacity_source source = {.kind = ELASTIC_CAPACITY_SLURM, .job_id = "77"};
+    elastic_capacity c;
+    int status = elastic_capacity_read(&source, &c);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.nodes, 1, "n2 is down");
+    cr_assert_eq(c.world, 3, "the job's 3 CPUs of n1, not its 4: %d", c.world);
+    cr_assert_eq(c.node_cpus[0], 3);
+    char *train[] = {"tp-train", NULL};
+    elastic_launch l = {ELASTIC_LAUNCHER_SRUN, NULL, 3, &c, train, dir};
+    char **env = NULL;
+    cr_assert_eq(elastic_launch_env(&l, &env), TP_OK, "%s", tp_errmsg());
+    int said = 0;
+    for (char **e = env; *e; e++) said |= strcmp(*e, "SLURM_JOB_CPUS_PER_NODE=3") == 0;
+    elastic_argv_free(env);
+    cr_assert(said, "SLURM_JOB_CPUS_PER_NODE=3");
+    write_text(job, "JobId=77\n   NumNodes=1 NumCPUs=4 NumTasks=2 CPUs/Task=2\n     Nodes=n[1-2] CPU_IDs=0-3 Mem=0\n");
+    status = elastic_capacity_read(&source, &c);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.world, 2, "4 CPUs of 2 a task: 2 ranks, got %d", c.world);
+    source.ranks_per_node = 5;
+    status = elastic_capacity_read(&source, &c);
+    setenv("PATH", old_path, 1);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.world, 5, "--ranks-per-node decides where given");
 }
 
 Test(elastic, mpirun_command_line)
