@@ -208,11 +208,19 @@ static int state_number(const run_state *s, const cJSON *o, const char *name, do
 /* Steps and ticks: integers a double holds exactly. */
 #define EXACT_LIMIT 9007199254740992.0
 
-/* The furthest step of the trainer's log (open_state). */
+/* The furthest step of the trainer's log, and its steps recomputed
+ * (open_state): each step line at or before the furthest step logged
+ * before it. */
+typedef struct {
+    int64_t furthest, recomputed;
+} logged_steps;
+
 static void note_logged_step(void *ctx, const elastic_log_line *line)
 {
-    run_state *s = ctx;
-    if (line->kind == ELASTIC_LOG_STEP && line->step > s->last_step) s->last_step = line->step;
+    logged_steps *l = ctx;
+    if (line->kind != ELASTIC_LOG_STEP) return;
+    if (line->step <= l->furthest) l->recomputed++;
+    else l->furthest = line->step;
 }
 
 /* The state of an earlier orchestrator of this run, when there is one. */
@@ -413,7 +421,14 @@ static int open_state(run_state *s, const elastic_run_options *o)
      * trainer's log, kept across launches, says how far the run got. */
     elastic_log_follower logged;
     elastic_log_follow(&logged, s->log_path, 0);
-    TP_TRY(elastic_log_read(&logged, note_logged_step, s));
+    logged_steps steps = {0, 0};
+    TP_TRY(elastic_log_read(&logged, note_logged_step, &steps));
+    if (steps.furthest > s->last_step) s->last_step = steps.furthest;
+    /* Counted from the log, as the trainer computed them: counted at each
+     * relaunch instead (the furthest step less the one resumed from), a
+     * relaunch that failed before its first step counted the same steps
+     * again (10 recomputed where 5 were). */
+    if (steps.furthest > 0) s->steps_recomputed = steps.recomputed;
     /* So are the state's temporary file and the capacity's file, which a
      * FIFO would make fail later (the capacity only after a long wait). */
     char tmp[4400];
@@ -524,6 +539,10 @@ static void on_log_line(void *ctx, const elastic_log_line *line)
         w->last_step = line->step;
         w->last_progress = now;
         w->save_wait = 0;
+        if (line->step <= w->s->last_step) { /* computed before: recomputed, lost work */
+            w->s->steps_recomputed++;
+            w->s->lost[LOST_WORK] += w->s->step_count ? w->s->step_seconds_sum / (double)w->s->step_count : 0;
+        }
         if (w->s->o->keep > 0 && now - w->s->last_prune >= 1.0) { /* --keep as the run goes, once a second */
             w->s->last_prune = now;
             prune_checkpoints(w->s);
@@ -1118,11 +1137,6 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
         }
     }
     if (s->launches > 0) s->lost[LOST_SELECTION] += now_seconds() - selecting;
-    if (s->last_step > resumed && s->launches > 0) {
-        s->steps_recomputed += s->last_step - resumed;
-        double mean = s->step_count ? s->step_seconds_sum / (double)s->step_count : 0;
-        s->lost[LOST_WORK] += mean * (double)(s->last_step - resumed);
-    }
     int reshard = have_checkpoint && (chosen.tp != layout.tp || chosen.pp != layout.pp);
     s->tp = layout.tp;
     s->pp = layout.pp;

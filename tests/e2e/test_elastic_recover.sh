@@ -8,7 +8,8 @@
 # newest checkpoint the store cannot read: tp-elastic gives up at once,
 # naming it, rather than calling it rejected and launching on an older one.
 # And the steps an orchestrator killed with SIGKILL did not record are
-# counted as recomputed by the next.
+# counted as recomputed by the next; a relaunch that fails before its first
+# step does not count them again.
 # The other faults are test_elastic.sh's.
 # tier: check
 . "$(dirname "$0")/lib.sh"
@@ -78,6 +79,31 @@ expect_ok "lost: the next orchestrator finishes the run" "$ELASTIC" run --ckpt-d
     -- "$TRAIN" $TRAIN_ARGS --steps 30
 check "lost: the 5 steps past the checkpoint counted as recomputed" [ "$(summary_field "$R" steps_recomputed)" -eq 5 ]
 
+
+# ------------- a relaunch that fails before its first step counts nothing
+# Rank 1 dies after step 25; the next launch fails at once (a wrapper exits
+# 1: a launcher that could not start); the third finishes. Steps past the
+# newest checkpoint were computed twice: once before the death, once by the
+# third launch. Before, each relaunch counted them (the furthest step less
+# the one resumed from): twice as many as were.
+R="$WORK/twice"
+# Launches told apart by their marker (TP_ELASTIC_LAUNCH), which every rank
+# of one carries: a count in a file raced between the ranks.
+printf '#!/bin/sh\nmkdir -p "%s.launches/$TP_ELASTIC_LAUNCH"\n[ "$(ls "%s.launches" | wc -l)" -eq 2 ] && exit 1\nexec "%s" "$@"\n' \
+    "$R" "$R" "$TRAIN" >"$WORK/twice.sh"
+expect_ok "a relaunch failing before its first step: the run finishes" "$ELASTIC" run --ckpt-dir "$R" --world 2 $FAST \
+    -- sh "$WORK/twice.sh" $TRAIN_ARGS --steps 40 --fault die --fault-step 25 --fault-rank 1 --fault-once "$R.fault"
+check "twice: two failures" [ "$(events "$R" failure)" -eq 2 ]
+redone=$("$PY" -c 'import json, sys
+seen, n = 0, 0
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if "loss" in r:
+        n += r["step"] <= seen
+        seen = max(seen, r["step"])
+print(n)' "$R/elastic/train.jsonl")
+check "twice: the steps recomputed counted once ($redone in the log, $(summary_field "$R" steps_recomputed) said)" \
+    [ "$(summary_field "$R" steps_recomputed)" -eq "$redone" ]
 
 # What the planner and the report make of the run.
 expect_ok "plan --ckpt: the model and layout of a run" "$ELASTIC" plan --world 3 --ckpt "$WORK/kill" --global-batch 12
