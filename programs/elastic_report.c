@@ -186,10 +186,14 @@ static void print_summary(const cJSON *events)
         reshards += strcmp(name, "reshard") == 0;
         scales += strcmp(name, "scale_change") == 0;
         if (strcmp(name, "summary") == 0) summary = e;
+        /* A later orchestrator's start makes an earlier summary stale: it
+         * was printed as the run's (finished, at an earlier --steps' last
+         * step) while a tp-elastic killed since had gone on. */
+        if (strcmp(name, "orchestrator_start") == 0) summary = NULL;
     }
     printf("failures %d, hangs %d, reshards %d, scale changes %d\n", failures, hangs, reshards, scales);
     if (!summary) {
-        printf("no summary yet (the run has not ended)\n");
+        printf("no summary yet (the run's latest tp-elastic has not ended, or was killed)\n");
         return;
     }
     printf("%-22s %s\n", "finished", cJSON_IsTrue(cJSON_GetObjectItem(summary, "finished")) ? "yes" : "no");

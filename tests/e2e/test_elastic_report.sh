@@ -61,6 +61,21 @@ check "report: says on stderr where the loss went non-finite" \
     grep -Eq "warning: the loss went non-finite at step 2 \(launch 1\): 1 of 2 steps" "$WORK/.err"
 check "report: and marks it in the picture" grep -q "loss non-finite (launch 1)" "$WORK/nan.svg"
 
+# A summary of an earlier tp-elastic, then a later one that started and was
+# killed (no summary of its own): the summary is not the run's. Before, the
+# report printed the earlier one as it was ("finished yes", its last step)
+# for a run a killed orchestrator had taken further.
+S="$WORK/stale"
+mkdir -p "$S/elastic"
+cp "$R/elastic/train.jsonl" "$S/elastic/"
+printf '%s\n' '{"event":"orchestrator_start","steps":1,"time":1}' \
+    '{"event":"summary","finished":true,"step":1,"launches":1,"restarts":0,"time":2}' \
+    '{"event":"orchestrator_start","steps":6,"time":3}' '{"event":"launch","time":4}' >"$S/elastic/events.jsonl"
+expect_ok "report of a run whose latest orchestrator was killed" "$ELASTIC" report "$S" -o "$WORK/stale.svg"
+check_all "report: an earlier orchestrator's summary is not the run's" \
+    'grep -q "^no summary yet (the run.s latest tp-elastic has not ended, or was killed)" "$WORK/.out" &&
+    ! grep -q "^finished" "$WORK/.out"'
+
 # A log written before null: its nan lines are no JSON; left out, and said so.
 OLD="$WORK/old"
 mkdir -p "$OLD/elastic"
