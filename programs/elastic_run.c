@@ -262,11 +262,6 @@ int elastic_run_main(int argc, char **argv)
     }
     if (!o.run_dir) cli_usage_error(PROGRAM, "--ckpt-dir DIR is required");
     if (capacity_given > 1) cli_usage_error(PROGRAM, "give one of --world, --world-file and --hostfile");
-    /* A fixed world never grows: below --min-world, the run waited
-     * --capacity-wait (600 s) for capacity that could not come, then gave up. */
-    if (o.capacity.kind == ELASTIC_CAPACITY_WORLD && o.min_world > o.capacity.world)
-        cli_usage_error(PROGRAM, "--min-world %d is more than --world %d, which never changes: nothing could run",
-                        o.min_world, o.capacity.world);
     /* getopt steps over the "--" that ends the options */
     if (optind < 2 || strcmp(argv[optind - 1], "--") != 0 || optind >= argc)
         cli_usage_error(PROGRAM, "the trainer's command line goes after '--' (-- tp-train ARGS...)");
@@ -290,6 +285,14 @@ int elastic_run_main(int argc, char **argv)
     } else {
         cli_usage_error(PROGRAM, "--launcher takes auto, mpirun or srun, not '%s'", launcher);
     }
+    /* A fixed world never grows: below --min-world, the run waited
+     * --capacity-wait (600 s) for capacity that could not come, then gave up.
+     * Once the capacity's source is known: inside a Slurm allocation the
+     * default (a world of 1, before the allocation is taken as the source)
+     * refused every --min-world over 1 as "more than --world 1". */
+    if (o.capacity.kind == ELASTIC_CAPACITY_WORLD && o.min_world > o.capacity.world)
+        cli_usage_error(PROGRAM, "--min-world %d is more than --world %d, which never changes: nothing could run",
+                        o.min_world, o.capacity.world);
     /* A capacity file is re-read as the run goes, and a moment unreadable
      * there (being rewritten) is waited out; at the start, one missing or
      * holding anything but its number is a mistake, refused at once rather

@@ -272,6 +272,13 @@ expect_error "Slurm unreachable at the start: said at once, naming the job and s
     env PATH="$WORK/slurm-down:$PATH" SLURM_JOB_ID=77 timeout 20 "$ELASTIC" run --ckpt-dir "$WORK/slurmdown" $FAST \
     -- "$TRAIN" $TRAIN_ARGS
 check "Slurm unreachable at the start: nothing written" [ ! -e "$WORK/slurmdown" ]
+# --min-world inside an allocation is compared with the allocation's nodes,
+# not with the default --world of 1: it got as far as asking Slurm. Before,
+# "--min-world 2 is more than --world 1, which never changes" (exit 2).
+expect_error "Slurm, --min-world 2: the allocation asked, not refused against --world 1" 1 \
+    "cannot read the nodes of Slurm job 77 " \
+    env PATH="$WORK/slurm-down:$PATH" SLURM_JOB_ID=77 timeout 20 "$ELASTIC" run --ckpt-dir "$WORK/slurmdown" $FAST \
+    --min-world 2 -- "$TRAIN" $TRAIN_ARGS
 # An empty or comment-only --hostfile at the start: refused at once, naming
 # it, as an empty --world-file is. Before, it read as 0 ranks and was waited
 # on for --capacity-wait.
