@@ -198,10 +198,28 @@ static int read_slurm(const elastic_capacity_source *source, elastic_capacity *o
         snprintf(command, sizeof command, "scontrol show hostnames '%s'", list);
         TP_TRY(command_output(command, nodes, sizeof nodes));
     }
-    for (char *name = strtok(nodes, "\n"); name; name = strtok(NULL, "\n")) {
-        char state[256], cpus[64];
-        snprintf(command, sizeof command, "sinfo -h -N -n '%s' -o '%%T %%c'", name);
-        TP_TRY(command_output(command, state, sizeof state));
+    /* Every node's state in one sinfo of the job's node list: one each
+     * (sinfo -n NODE) was a query of the controller per node, every second,
+     * the capacity read taking longer than the second it was read in on a
+     * large allocation. A line per node and partition: the first counts. */
+    static char states[1 << 20];
+    states[0] = '\0';
+    if (list[0]) {
+        snprintf(command, sizeof command, "sinfo -h -N -n '%s' -o '%%N %%T %%c'", list);
+        TP_TRY(command_output(command, states, sizeof states));
+    }
+    char *names_left = NULL;
+    for (char *name = strtok_r(nodes, "\n", &names_left); name; name = strtok_r(NULL, "\n", &names_left)) {
+        char state[256] = "", cpus[64];
+        size_t name_length = strlen(name);
+        for (const char *line = states; *line; line += strcspn(line, "\n"), line += *line == '\n')
+            if (strncmp(line, name, name_length) == 0 && line[name_length] == ' ') {
+                size_t length = strcspn(line + name_length + 1, "\n");
+                if (length >= sizeof state) length = sizeof state - 1;
+                memcpy(state, line + name_length + 1, length);
+                state[length] = '\0';
+                break;
+            }
         if (sscanf(state, "%*s %63s", cpus) != 1) return tp_fail(TP_ERR_IO, "sinfo on node %s said '%s'", name, state);
         /* down, drained, failing or not responding ("*"): not usable */
         if (strstr(state, "down") || strstr(state, "drain") || strstr(state, "fail") || strchr(state, '*')) continue;

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../../ckpt/ckpt.h"
 #include "../../elastic/elastic.h"
 #include "../support/fixture.h"
 
@@ -145,7 +146,9 @@ static void fake_slurm(char *old_path, size_t size)
         /* show job -d: DIR/job, when there is one (the job's CPUs per node) */
         {"scontrol", "#!/bin/sh\n[ \"$2\" = job ] && { cat \"$(dirname \"$0\")/../job\" 2>/dev/null; exit 0; }\n"
                      "case \"$3\" in 'n[1-2]') printf 'n1\\nn2\\n' ;; n*) echo \"$3\" ;; esac\nexit 0\n"},
-        {"sinfo", "#!/bin/sh\ncase \"$*\" in *n2*) echo 'down* 4' ;; *) echo 'idle 4' ;; esac\n"},
+        /* each call counted in DIR/sinfo.calls */
+        {"sinfo", "#!/bin/sh\necho >>\"$(dirname \"$0\")/../sinfo.calls\"\n"
+                  "case \"$*\" in *%N*) printf 'n1 idle 4\\nn2 down* 4\\n' ;; *n2*) echo 'down* 4' ;; *) echo 'idle 4' ;; esac\n"},
     };
     for (size_t i = 0; i < sizeof scripts / sizeof *scripts; i++) {
         snprintf(path, sizeof path, "%s/%s", bin, scripts[i][0]);
@@ -173,6 +176,13 @@ Test(elastic, slurm_capacity_unreadable_is_not_zero_nodes)
     cr_assert_eq(c.nodes, 1, "n2 is down");
     cr_assert_str_eq(c.node_names[0], "n1");
     cr_assert_eq(c.world, 4, "n1's CPUs");
+    /* One sinfo for the allocation's nodes, not one per node: a query of
+     * the controller per node every second. */
+    char calls[600], *text = NULL;
+    snprintf(calls, sizeof calls, "%s/sinfo.calls", dir);
+    cr_assert_eq(store_read_text_file(calls, 4096, &text, NULL), TP_OK, "%s", tp_errmsg());
+    cr_assert_str_eq(text, "\n", "one sinfo for 2 nodes");
+    free(text);
     char down[600];
     snprintf(down, sizeof down, "%s/down", dir);
     write_text(down, "");
