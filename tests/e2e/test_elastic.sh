@@ -182,7 +182,7 @@ mkdir -p "$R/elastic"
     while [ ! -e "$R.fault" ]; do sleep 0.05; done
     echo 1 >"$WORK/world.min"
     while ! grep -q '"event":"waiting_for_capacity"' "$R/elastic/events.jsonl" 2>/dev/null; do sleep 0.05; done
-    sleep 1
+    sleep 3
     echo 2 >"$WORK/world.min"
 ) &
 watcher=$!
@@ -192,6 +192,14 @@ wait $watcher
 check "below --min-world: one wait for capacity" [ "$(events "$R" waiting_for_capacity)" -eq 1 ]
 check "below --min-world: never launched at 1 rank" sh -c "! grep -q '\"ranks\":1[,}]' '$R/elastic/events.jsonl'"
 check "below --min-world: the losses continue the uninterrupted run's" losses_continue "$R/elastic/train.jsonl"
+# The wait is time without training: lost (relaunch), not counted in the
+# effective training time. Before, it was left out of every lost share.
+check "below --min-world: the wait for capacity counted as lost" "$PY" -c 'import json, sys
+events = [json.loads(l) for l in open(sys.argv[1])]
+wait = next(e["time"] for e in events if e["event"] == "waiting_for_capacity")
+relaunch = next(e["time"] for e in events if e["event"] == "launch" and e["time"] > wait)
+lost = [e for e in events if e["event"] == "summary"][-1]["lost_seconds"]["relaunch"]
+sys.exit(not lost >= relaunch - wait >= 3)' "$R/elastic/events.jsonl"
 # As root without Open MPI's consent, mpirun refuses every launch alike:
 # given up at once, naming the two variables (it was relaunched
 # --repeat-limit times, then called a bug of the trainer's, quoting the last
