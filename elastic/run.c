@@ -1269,7 +1269,19 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
          * full: then it is that, and freeing space is the cure. */
         const char *full = device_full(s->dir) ? s->dir : NULL;
         if (!ckpt_is_remote(o->run_dir) && device_full(o->run_dir)) full = o->run_dir;
-        if (full || no_space)
+        /* srun whose step Slurm held pending (the allocation's CPUs or
+         * nodes taken by another step) never started the trainer: ended at
+         * --start-timeout, it says "Cancelled pending job step", then
+         * "Unable to create step ...: Job/step already completing or
+         * completed", which was quoted as the trainer's bug. */
+        int pending = !w.started && output_says(output, "Cancelled pending job step");
+        if (pending)
+            snprintf(why, sizeof why,
+                     "srun's job step never started, %d times in a row (%s): Slurm held it pending for the %.0f s "
+                     "of --start-timeout, the allocation's CPUs or nodes taken by another step of the job (squeue -s "
+                     "shows them); the trainer never ran (%s)",
+                     s->repeats, exit_text, o->start_seconds, output);
+        else if (full || no_space)
             snprintf(why, sizeof why,
                      "the trainer failed %d times in a row at step %lld without progress (%s): no space left on the "
                      "device of %.1000s; free space there and run tp-elastic again; the last line of its output (%.1000s): %s",

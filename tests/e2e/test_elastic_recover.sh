@@ -105,6 +105,20 @@ print(n)' "$R/elastic/train.jsonl")
 check "twice: the steps recomputed counted once ($redone in the log, $(summary_field "$R" steps_recomputed) said)" \
     [ "$(summary_field "$R" steps_recomputed)" -eq "$redone" ]
 
+# ------------------- srun's step held pending: not called the trainer's bug
+# A fake srun as Slurm's when the allocation's CPUs are taken by another
+# step: it waits (pending) and, told SIGTERM at --start-timeout, says what
+# the real one says. Before, the give-up called it "a bug, not a fault",
+# quoting "Job/step already completing or completed".
+mkdir -p "$WORK/pending"
+printf '#!/bin/sh\ntrap '"'"'echo "srun: Cancelled pending job step with signal 15" >&2; echo "srun: error: Unable to create step for job 77: Job/step already completing or completed" >&2; exit 1'"'"' TERM\nwhile :; do sleep 0.1; done\n' \
+    >"$WORK/pending/srun"
+chmod +x "$WORK/pending/srun"
+expect_error "srun's step pending: the give-up says so" 1 \
+    "srun's job step never started, 2 times in a row .*held it pending .*by another step of the job" \
+    env PATH="$WORK/pending:$PATH" "$ELASTIC" run --ckpt-dir "$WORK/pendingrun" --launcher srun --world 2 \
+    --backoff 0.1 --start-timeout 1 --grace 2 --repeat-limit 2 -- "$TRAIN" $TRAIN_ARGS
+
 # What the planner and the report make of the run.
 expect_ok "plan --ckpt: the model and layout of a run" "$ELASTIC" plan --world 3 --ckpt "$WORK/kill" --global-batch 12
 check "plan --ckpt: 3 ranks, the current layout kept" grep -q "chosen: tp1 pp1 dp3.*keeps the current" "$WORK/.out"
