@@ -56,6 +56,23 @@ convert_overflow convert_from_f32(const float *in, void *out, tp_dtype out_forma
 convert_overflow convert_numbers(const void *in, tp_dtype in_format, void *out, tp_dtype out_format,
                                  int64_t n);
 
+/* NaNs and infinities in a conversion's input: how many of each, and the
+ * index of the first from the start of the input (-1 when there is none).
+ * Import refuses a model holding them (a damaged download, an export of a
+ * diverged run), naming the first, so it counts them in the pass that
+ * converts rather than reading the weights a second time. */
+typedef struct {
+    int64_t nans, infinities;
+    int64_t first;
+} convert_nonfinite;
+
+/* convert_numbers, and the input's NaNs and infinities in *nonfinite
+ * (overwritten). Counted block by block over what the conversion has just
+ * read, while it is in the L1 cache, in a loop without branches that
+ * vectorizes; only a block that holds one is searched for the first. */
+convert_overflow convert_numbers_counting(const void *in, tp_dtype in_format, void *out, tp_dtype out_format,
+                                          int64_t n, convert_nonfinite *nonfinite);
+
 /* A strided move: `repeat` times, copy `len` elements from src to dst, then
  * advance src by src_stride and dst by dst_stride (all in elements). A
  * negative src fills with zeros instead. Resharding is a list of these. */

@@ -81,6 +81,69 @@ convert_overflow convert_numbers(const void *in, tp_dtype in_format, void *out, 
     return sum;
 }
 
+/* Elements converted, then counted, at a time: 8 KiB of fp32 input (and
+ * as much output) stay in the L1 cache from one loop to the next, so the
+ * count reads no memory the conversion did not already bring in. */
+#define NONFINITE_BLOCK 2048
+
+/* An exponent of all ones is an infinity (mantissa 0) or a NaN (any other
+ * mantissa): with the sign masked off, above the infinity's bits is a NaN.
+ * Compares summed, no branch, so that the loop vectorizes (32-bit lanes:
+ * a block's counts fit). */
+#define COUNT_NONFINITE(type, magnitude_mask, infinity)                                  \
+    for (int64_t i = 0; i < n; i++) {                                                    \
+        uint32_t magnitude = ((const type *)values)[i] & (magnitude_mask);              \
+        nans += magnitude > (infinity);                                                  \
+        infinities += magnitude == (infinity);                                           \
+    }
+
+static VECTOR_CLONES void count_nonfinite(const void *values, tp_dtype format, int64_t n, uint32_t *nans_out,
+                                          uint32_t *infinities_out)
+{
+    uint32_t nans = 0, infinities = 0;
+    switch (format) {
+    case TP_FP32: COUNT_NONFINITE(uint32_t, 0x7fffffffu, 0x7f800000u) break;
+    case TP_BF16: COUNT_NONFINITE(uint16_t, 0x7fffu, 0x7f80u) break;
+    case TP_FP16: COUNT_NONFINITE(uint16_t, 0x7fffu, 0x7c00u) break;
+    }
+    *nans_out = nans;
+    *infinities_out = infinities;
+}
+
+/* Index of the first NaN or infinity among n values (a block known to hold one). */
+static int64_t first_nonfinite(const void *values, tp_dtype format, int64_t n)
+{
+    uint32_t mask = format == TP_FP32 ? 0x7fffffffu : 0x7fffu;
+    uint32_t infinity = format == TP_FP32 ? 0x7f800000u : format == TP_BF16 ? 0x7f80u : 0x7c00u;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits = format == TP_FP32 ? ((const uint32_t *)values)[i] : ((const uint16_t *)values)[i];
+        if ((bits & mask) >= infinity) return i;
+    }
+    return -1;
+}
+
+convert_overflow convert_numbers_counting(const void *in, tp_dtype in_format, void *out, tp_dtype out_format,
+                                          int64_t n, convert_nonfinite *nonfinite)
+{
+    convert_overflow sum = {0, 0.0f};
+    *nonfinite = (convert_nonfinite){0, 0, -1};
+    size_t in_size = tp_dtype_size(in_format), out_size = tp_dtype_size(out_format);
+    for (int64_t at = 0; at < n; at += NONFINITE_BLOCK) {
+        int64_t m = n - at < NONFINITE_BLOCK ? n - at : NONFINITE_BLOCK;
+        const unsigned char *block = (const unsigned char *)in + (size_t)at * in_size;
+        convert_overflow_add(&sum, convert_numbers(block, in_format, (unsigned char *)out + (size_t)at * out_size,
+                                                   out_format, m));
+        uint32_t nans, infinities;
+        count_nonfinite(block, in_format, m, &nans, &infinities);
+        if (nans | infinities) {
+            if (nonfinite->first < 0) nonfinite->first = at + first_nonfinite(block, in_format, m);
+            nonfinite->nans += nans;
+            nonfinite->infinities += infinities;
+        }
+    }
+    return sum;
+}
+
 int convert_overflow_first(const convert_overflow *per_tensor, int count, int *others)
 {
     int first = -1;
