@@ -186,6 +186,13 @@ const char *safetensors_metadata(const safetensors_set *set, const char *key);
  * equal to NaN). */
 int safetensors_equal(safetensors_set *set, const char *a, const char *b, int *equal);
 
+/* NaN and infinite values import found in its sources. */
+typedef struct {
+    int tensors;        /* source tensors holding any; 0: none */
+    char summary[1024]; /* the first of them: its file, name and shape, how many NaNs and infinities, the first's
+                         * [row, col] (or index); then how many tensors in all */
+} import_nonfinite;
+
 typedef struct {
     int threads;                /* 0: all cores */
     int overwrite;
@@ -193,6 +200,10 @@ typedef struct {
     int compress_level;         /* 0: none */
     void (*on_bytes)(void *ctx, int64_t bytes);
     void *progress_ctx;
+    /* Safetensors sources holding NaN or infinite values are refused (TP_ERR_FORMAT, nothing written) unless
+     * allow_nonfinite; the values are carried as they are. */
+    int allow_nonfinite;
+    import_nonfinite *nonfinite; /* when not NULL: what was found, whether refused or imported */
 } import_options;
 
 void import_options_init(import_options *options);
@@ -202,7 +213,10 @@ void import_options_init(import_options *options);
  * map[i].name names its source in set and map[i].transpose says the source
  * is its transpose. Values are converted to the target dtype (exact when
  * widening or equal). Every source is checked for presence, dtype and shape
- * before anything is written. */
+ * before anything is written. NaNs and infinities in the sources are
+ * counted as they are converted and refused before the commit, naming the
+ * first source tensor holding any (options->allow_nonfinite imports them;
+ * options->nonfinite says what was found). */
 int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const export_tensor *map, int count,
                const ckpt_layout *layout, const ckpt_train_state *state, const import_options *options,
                const char *out_path);

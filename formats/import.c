@@ -6,7 +6,9 @@
  * mapping, through the partition's element runs (ckpt_piece_element_runs),
  * converting and, for transposed sources, gathering with strided moves;
  * then the tensor's pages are dropped from memory. So memory stays at a slab
- * per thread plus the pages of the tensors in flight. */
+ * per thread plus the pages of the tensors in flight. The conversion counts
+ * the sources' NaNs and infinities as it goes (convert_numbers_counting),
+ * and a source holding any is refused before the commit. */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -680,6 +682,9 @@ typedef struct {
     int tp;
     const import_options *o;
     convert_overflow *overflow; /* per tensor: finite values its dtype made infinite */
+    /* Per tensor, per source part: its NaNs and infinities, first the flat
+     * index of the earliest in the part (row-major), -1 when none. */
+    convert_nonfinite (*nonfinite)[IMPORT_MAX_PARTS];
     void **slabs;      /* per thread */
     int64_t slab_bytes;
 } importer;
@@ -694,7 +699,31 @@ typedef struct {
     int transpose;
     int64_t rows, cols;         /* the target's logical [rows, cols] (transposed sources: [cols, rows]) */
     convert_overflow overflow;  /* finite values made infinite, over the whole tensor */
+    convert_nonfinite nonfinite[IMPORT_MAX_PARTS]; /* per part, over the whole tensor (as importer's) */
+    /* The piece being filled holds replicas (fewer key/value heads than
+     * ranks) of these logical ranges along the split axis: their elements
+     * were counted in their primary copy, so they are converted uncounted. */
+    int64_t replica_begin[CKPT_MAX_SEGMENTS], replica_end[CKPT_MAX_SEGMENTS];
+    int num_replicas;
+    int64_t split_inner, split_size; /* elements after the split axis; its logical size */
 } fill_ctx;
+
+/* Adds what one conversion found to a part's tally, its first at base. */
+static void note_nonfinite(convert_nonfinite *tally, convert_nonfinite found, int64_t base)
+{
+    tally->nans += found.nans;
+    tally->infinities += found.infinities;
+    if (found.first >= 0 && (tally->first < 0 || base + found.first < tally->first)) tally->first = base + found.first;
+}
+
+/* Whether the run from logical element first is a replica in this piece. */
+static int is_replica(const fill_ctx *c, int64_t first)
+{
+    int64_t along = c->num_replicas ? first / c->split_inner % c->split_size : 0;
+    for (int k = 0; k < c->num_replicas; k++)
+        if (along >= c->replica_begin[k] && along < c->replica_end[k]) return 1;
+    return 0;
+}
 
 /* Elements of the slab at offset come from logical elements [first, first + n)
  * of the target tensor (-1: padding). */
@@ -706,26 +735,44 @@ static int fill_run(void *ctx, int64_t offset, int64_t first, int64_t n)
         memset(dst, 0, (size_t)n * c->out_size);
         return 0;
     }
+    int counted = !is_replica(c, first);
+    convert_nonfinite found;
     if (!c->transpose) { /* from the part each element lies in (parts stack along axis 0) */
         for (int p = 0; n > 0 && p < c->parts; p++) {
             int64_t begin = p ? c->part_end[p - 1] : 0;
             if (first >= c->part_end[p]) continue;
             int64_t m = c->part_end[p] - first < n ? c->part_end[p] - first : n;
-            convert_overflow_add(&c->overflow, convert_numbers(c->src[p] + (size_t)(first - begin) * tp_dtype_size(c->in),
-                                                               c->in, dst, c->out, m));
+            const unsigned char *src = c->src[p] + (size_t)(first - begin) * tp_dtype_size(c->in);
+            if (counted) {
+                convert_overflow_add(&c->overflow, convert_numbers_counting(src, c->in, dst, c->out, m, &found));
+                note_nonfinite(&c->nonfinite[p], found, first - begin);
+            } else {
+                convert_overflow_add(&c->overflow, convert_numbers(src, c->in, dst, c->out, m));
+            }
             dst += (size_t)m * c->out_size;
             first += m;
             n -= m;
         }
         return 0;
     }
-    /* Target element (r, k) is source element (k, r): a gather with stride rows,
-     * one logical row of the run at a time. */
+    /* Target element (r, k) is source element (k, r): a gather with stride
+     * rows, one logical row of the run at a time, element by element (as a
+     * strided move of length 1 would), each counted where it lies. */
+    size_t in_size = tp_dtype_size(c->in);
     for (int64_t done = 0; done < n;) {
         int64_t r = (first + done) / c->cols, k = (first + done) % c->cols, m = c->cols - k;
         if (m > n - done) m = n - done;
-        strided_move move = {k * c->rows + r, c->rows, done, 1, 1, m};
-        convert_overflow_add(&c->overflow, moves_apply(c->src[0], c->in, dst, c->out, &move, 1));
+        for (int64_t j = 0; j < m; j++) {
+            int64_t source = (k + j) * c->rows + r;
+            const unsigned char *src = c->src[0] + (size_t)source * in_size;
+            unsigned char *to = dst + (size_t)(done + j) * c->out_size;
+            if (counted) {
+                convert_overflow_add(&c->overflow, convert_numbers_counting(src, c->in, to, c->out, 1, &found));
+                note_nonfinite(&c->nonfinite[0], found, source);
+            } else {
+                convert_overflow_add(&c->overflow, convert_numbers(src, c->in, to, c->out, 1));
+            }
+        }
         done += m;
     }
     return 0;
@@ -740,9 +787,22 @@ static int import_tensor(void *ctx, int64_t task, int thread)
     size_t in_size = tp_dtype_size(im->sources[i][0]->info.dtype);
     void *aligned[IMPORT_MAX_PARTS] = {NULL};
     int status = TP_OK;
-    fill_ctx fill = {{NULL}, {0}, parts, im->sources[i][0]->info.dtype, d->dtype, im->slabs[thread],
-                     tp_dtype_size(d->dtype), im->map[i].transpose, d->shape[0], 1, {0, 0.0f}};
+    fill_ctx fill = {.parts = parts,
+                     .in = im->sources[i][0]->info.dtype,
+                     .out = d->dtype,
+                     .slab = im->slabs[thread],
+                     .out_size = tp_dtype_size(d->dtype),
+                     .transpose = im->map[i].transpose,
+                     .rows = d->shape[0],
+                     .cols = 1,
+                     .split_inner = 1,
+                     .split_size = 1};
     for (int k = 1; k < d->ndim; k++) fill.cols *= d->shape[k];
+    for (int p = 0; p < IMPORT_MAX_PARTS; p++) fill.nonfinite[p].first = -1;
+    if (d->partition.kind == CKPT_SPLIT) {
+        for (int k = d->partition.axis + 1; k < d->ndim; k++) fill.split_inner *= d->shape[k];
+        fill.split_size = d->shape[d->partition.axis];
+    }
     for (int p = 0; p < parts && !status; p++) {
         const st_tensor *s = im->sources[i][p];
         fill.src[p] = tensor_data(im->set, s);
@@ -760,6 +820,14 @@ static int import_tensor(void *ctx, int64_t task, int thread)
     int64_t slab_rows = im->slab_bytes / (row_elements * (int64_t)fill.out_size) / block * block;
     if (slab_rows < block) slab_rows = block;
     for (int p = 0; p < ckpt_piece_count(d, im->tp) && !status; p++) {
+        ckpt_run runs[2 * CKPT_MAX_SEGMENTS];
+        int64_t num_runs = d->partition.kind == CKPT_SPLIT ? ckpt_piece_runs(d, im->tp, p, runs, 2 * CKPT_MAX_SEGMENTS) : 0;
+        fill.num_replicas = 0;
+        for (int64_t k = 0; k < num_runs; k++)
+            if (runs[k].replica > 0 && runs[k].logical_start >= 0 && fill.num_replicas < CKPT_MAX_SEGMENTS) {
+                fill.replica_begin[fill.num_replicas] = runs[k].logical_start;
+                fill.replica_end[fill.num_replicas++] = runs[k].logical_start + runs[k].length;
+            }
         for (int64_t r = 0; r < piece_shape[0] && !status; r += slab_rows) {
             int64_t n = piece_shape[0] - r < slab_rows ? piece_shape[0] - r : slab_rows;
             ckpt_piece_element_runs(d, im->tp, p, r, r + n, fill_run, &fill);
@@ -771,6 +839,7 @@ static int import_tensor(void *ctx, int64_t task, int thread)
      * (import_run), so that the error names them all; the writer commits
      * nothing of a failed import. */
     im->overflow[i] = fill.overflow;
+    memcpy(im->nonfinite[i], fill.nonfinite, sizeof fill.nonfinite);
     /* Done with this tensor: its pages leave this process's memory. */
     for (int p = 0; p < parts; p++) {
         const st_tensor *s = im->sources[i][p];
@@ -911,6 +980,43 @@ static int check_sources(importer *im, int count)
     return TP_OK;
 }
 
+/* The sources' NaNs and infinities, said by the first source tensor in the
+ * model's order that holds any: its file, name, how many of each, where
+ * the first lies (its [row, col], or index, in the source's own shape);
+ * then how many others hold some. Returns how many source tensors do. */
+static int describe_nonfinite(const importer *im, int count, char *text, size_t size)
+{
+    int tensors = 0;
+    int64_t values = 0;
+    text[0] = '\0';
+    for (int i = 0; i < count; i++) {
+        int parts = im->map[i].num_parts > 1 ? im->map[i].num_parts : 1;
+        for (int p = 0; p < parts; p++) {
+            const convert_nonfinite *found = &im->nonfinite[i][p];
+            if (!found->nans && !found->infinities) continue;
+            values += found->nans + found->infinities;
+            if (tensors++) continue;
+            const safetensors_info *s = &im->sources[i][p]->info;
+            int64_t index[CKPT_MAX_DIMS], rest = found->first;
+            for (int k = s->ndim - 1; k >= 0; k--) {
+                index[k] = s->shape[k] ? rest % s->shape[k] : 0;
+                rest = s->shape[k] ? rest / s->shape[k] : 0;
+            }
+            char at[160], shape[160];
+            ckpt_shape_text(index, s->ndim > 0 ? s->ndim : 1, at, sizeof at);
+            ckpt_shape_text(s->shape, s->ndim, shape, sizeof shape);
+            snprintf(text, size, "%s: tensor %s %s holds %lld NaN%s and %lld infinite value%s, the first at %s", s->file,
+                     s->name, shape, (long long)found->nans, found->nans == 1 ? "" : "s", (long long)found->infinities,
+                     found->infinities == 1 ? "" : "s", at);
+        }
+    }
+    size_t n = strlen(text);
+    if (tensors > 1 && n < size)
+        snprintf(text + n, size - n, "; %d tensors in all hold NaN or infinite values (%lld values)", tensors,
+                 (long long)values);
+    return tensors;
+}
+
 int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const export_tensor *map, int count,
                const ckpt_layout *layout, const ckpt_train_state *state, const import_options *options,
                const char *out_path)
@@ -924,10 +1030,14 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
                    .tp = layout->tp,
                    .o = options,
                    .overflow = calloc((size_t)count + 1, sizeof *im.overflow),
+                   .nonfinite = calloc((size_t)count + 1, sizeof *im.nonfinite),
                    .slab_bytes = SLAB_TARGET_BYTES};
     int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
     if (threads > count) threads = count > 0 ? count : 1;
-    int status = !im.sources || !im.ids || !im.order || !im.overflow ? tp_fail(TP_ERR_NOMEM, "out of memory") : TP_OK;
+    int status = !im.sources || !im.ids || !im.order || !im.overflow || !im.nonfinite
+                     ? tp_fail(TP_ERR_NOMEM, "out of memory")
+                     : TP_OK;
+    if (options->nonfinite) memset(options->nonfinite, 0, sizeof *options->nonfinite);
     for (int i = 0; i < count && !status; i++) {
         status = ckpt_tensor_check(&tensors[i], layout->tp);
     }
@@ -959,6 +1069,19 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
         if (!im.slabs) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     }
     if (!status) status = parallel_for(count, threads, import_tensor, &im);
+    /* NaNs and infinities in the source are its own damage (a broken
+     * download, an export of a diverged run): refused before the commit,
+     * so that nothing is written, unless the caller takes them as they are. */
+    if (!status) {
+        char summary[sizeof options->nonfinite->summary];
+        int tensors = describe_nonfinite(&im, count, summary, sizeof summary);
+        if (tensors && !options->allow_nonfinite)
+            status = tp_fail(TP_ERR_FORMAT, "%s: nothing imported (--allow-nonfinite imports them as they are)", summary);
+        if (options->nonfinite) {
+            options->nonfinite->tensors = tensors;
+            memcpy(options->nonfinite->summary, summary, sizeof summary);
+        }
+    }
     if (!status) {
         int others, first = convert_overflow_first(im.overflow, count, &others);
         if (first >= 0) status = convert_overflow_check(im.overflow[first], tensors[first].dtype, tensors[first].name, others);
@@ -973,5 +1096,6 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
     free(im.ids);
     free(im.order);
     free(im.overflow);
+    free(im.nonfinite);
     return status;
 }

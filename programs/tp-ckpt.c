@@ -43,6 +43,7 @@ static const char *usage_text =
     "                               directory, a llama.cpp GGUF file, or one HDF5 file\n"
     "  import DIR -o CKPT --tp T --pp P [--dtype fp32|bf16|fp16] [--vocab-pad-multiple N]\n"
     "        [--true-vocab-size N] [--threads N] [--compress zstd[:LEVEL]|none] [--force] [--progress]\n"
+    "        [--allow-nonfinite]\n"
     "                               a Hugging Face GPT-2 or Llama (config.json + safetensors),\n"
     "                               or a Megatron GPT-2 or Llama, as a sharded checkpoint, to\n"
     "                               train from\n"
@@ -1351,8 +1352,11 @@ static const char *import_usage =
     "  --compress zstd[:L]|none output compression (default none)\n"
     "  --force                  replace an existing checkpoint\n"
     "  --progress               show progress even when stderr is not a terminal\n"
+    "  --allow-nonfinite        import NaN and infinite weights as they are, with a warning\n"
+    "                           (by default they fail the import, the first named)\n"
     "Every tensor is checked (presence, dtype, shape, the file's own rules) before\n"
-    "anything is written; nothing appears at CKPT unless the import completes.\n"
+    "anything is written, and every value as it is converted (NaN and infinities);\n"
+    "nothing appears at CKPT unless the import completes.\n"
     "\n"
     "DIR may be a Megatron checkpoint (Megatron-LM legacy or Megatron-Core torch_dist) of a GPT-2\n"
     "trained with the tanh GELU (--openai-gelu) or of a Llama (docs/MEGATRON.md): its weights and\n"
@@ -1434,7 +1438,9 @@ static int cmd_import(int argc, char **argv)
     gpt_import_request request = {0, 0, TP_FP32, 1};
     const char *out = NULL;
     int force_progress = 0;
-    enum { O_TP = 256, O_PP, O_DTYPE, O_PAD, O_THREADS, O_COMPRESS, O_FORCE, O_PROGRESS, O_TRUE_VOCAB };
+    enum { O_TP = 256, O_PP, O_DTYPE, O_PAD, O_THREADS, O_COMPRESS, O_FORCE, O_PROGRESS, O_TRUE_VOCAB, O_ALLOW_NONFINITE };
+    import_nonfinite nonfinite;
+    options.nonfinite = &nonfinite;
     int64_t true_vocab = 0;
     int shape_given = 0;
     static const struct option long_options[] = {
@@ -1443,6 +1449,7 @@ static int cmd_import(int argc, char **argv)
         {"dtype", required_argument, 0, O_DTYPE}, {"vocab-pad-multiple", required_argument, 0, O_PAD},
         {"threads", required_argument, 0, O_THREADS}, {"compress", required_argument, 0, O_COMPRESS},
         {"force", no_argument, 0, O_FORCE}, {"progress", no_argument, 0, O_PROGRESS},
+        {"allow-nonfinite", no_argument, 0, O_ALLOW_NONFINITE},
         {"output", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
@@ -1463,6 +1470,7 @@ static int cmd_import(int argc, char **argv)
         case O_COMPRESS: options.compress_level = cli_compress("tp-ckpt", optarg); break;
         case O_FORCE: options.overwrite = 1; break;
         case O_PROGRESS: force_progress = 1; break;
+        case O_ALLOW_NONFINITE: options.allow_nonfinite = 1; break;
         case 'h': fputs(import_usage, stdout); return 0;
         default: die_usage("import: unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
@@ -1488,6 +1496,11 @@ static int cmd_import(int argc, char **argv)
     if (megatron && shape_given)
         die_usage("--dtype and --vocab-pad-multiple apply to a Hugging Face directory (a Megatron checkpoint keeps "
                   "its dtype and padding)");
+    /* Only the safetensors import counts NaNs and infinities: the flag
+     * would promise a check that a Megatron import does not make. */
+    if (megatron && options.allow_nonfinite)
+        die_usage("--allow-nonfinite applies to a Hugging Face directory (a Megatron import does not check for NaN "
+                  "or infinite values)");
     cli_check_true_vocab("tp-ckpt", true_vocab, format, dir, strcmp(format->name, "tp") ? NULL : "a Hugging Face directory");
     if (megatron) return import_megatron(dir, format, out, request.tp, request.pp, true_vocab, &options, force_progress);
     if ((code = run_output_refused(out, 0, 1))) return code; /* a Hugging Face model starts at step 0 */
@@ -1506,6 +1519,9 @@ static int cmd_import(int argc, char **argv)
     if (status) {
         code = fail("%s", tp_errmsg());
     } else {
+        if (nonfinite.tensors)
+            fprintf(stderr, "tp-ckpt: warning: imported with NaN or infinite values (--allow-nonfinite): %s\n",
+                    nonfinite.summary);
         char bytes[32];
         format_bytes((double)gpt_import_bytes(job), bytes, sizeof bytes);
         printf("imported %s to %s: %d tensors at tp=%d pp=%d, %s in %.2f s\n", dir, out, gpt_import_count(job),
