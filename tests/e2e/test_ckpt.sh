@@ -59,7 +59,8 @@ check "diff names a missing tensor" grep -q "only in A: optim/" "$WORK/.out"
 
 # Values a tolerance must not take in: one element (777 of GPT-2's c_attn,
 # [8, 9] there, [9, 8] in this model's qkv) set to 1, +inf, -inf, NaN, +0
-# and -0 through a Hugging Face export changed and imported back. An
+# and -0 through a Hugging Face export changed and imported back (with
+# --allow-nonfinite: import refuses NaN and infinities otherwise). An
 # infinity's relative scale is infinite: --tol once called inf equal to 1.
 expect_ok "synth a small fp32 GPT" "$CK" synth -o "$WORK/v" --tp 1 --pp 1 --layers 1 --dim 32 --heads 2 --vocab 64 --seq 16
 expect_ok "its export" "$CK" export "$WORK/v" --format safetensors -o "$WORK/v.hf"
@@ -78,7 +79,7 @@ at = 8 + size + info["data_offsets"][0] + 777 * 4
 raw[at:at + 4] = struct.pack("<f", float(sys.argv[3]))
 open(sys.argv[2], "wb").write(raw)
 PYEOF
-    expect_ok "imported" "$CK" import "$WORK/v_$name.hf" --tp 1 --pp 1 -o "$WORK/v_$name"
+    expect_ok "imported" "$CK" import "$WORK/v_$name.hf" --tp 1 --pp 1 -o "$WORK/v_$name" --allow-nonfinite
 done
 expect_error "+inf against 1 with --tol 1e-3: a difference" 1 "checkpoints differ" "$CK" diff "$WORK/v_inf" "$WORK/v_one" \
     --tol 1e-3

@@ -523,7 +523,8 @@ b, e = json.loads(raw[8:8 + n])["transformer.ln_f.weight"]["data_offsets"]
 raw[8 + n + b:8 + n + e] = struct.pack("<f", float("nan")) * ((e - b) // 4)
 open(path, "wb").write(raw)
 PYEOF
-expect_ok "import weights holding NaN" "$CKPT" import "$WORK/hf-nan" -o "$WORK/nan" --tp 1 --pp 1
+expect_ok "import weights holding NaN (--allow-nonfinite)" "$CKPT" import "$WORK/hf-nan" -o "$WORK/nan" --tp 1 --pp 1 \
+    --allow-nonfinite
 run "$TRAIN" generate --ckpt "$WORK/nan" --prompt "the " --tokens 5
 check_all "generate: NaN logits are an error naming the checkpoint" \
     '[ "$RC" -eq 1 ] && grep -q "^tp-train: error: .*/nan: the logit of token 0 is nan after 0 generated tokens" "$WORK/.err"'

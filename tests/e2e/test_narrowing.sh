@@ -5,8 +5,9 @@
 # exported at fp16: each command fails naming the tensor, the count and
 # the largest magnitude, and leaves nothing at its output; bf16 refuses
 # only what rounds past its own largest value (3.4e38). Values already
-# infinite or NaN, and 65519 (which rounds to fp16's 65504), convert: the
-# outputs, read by h5py, equal numpy's float16 of the source.
+# infinite or NaN (imported with --allow-nonfinite), and 65519 (which rounds
+# to fp16's 65504), convert: the outputs, read by h5py, equal numpy's
+# float16 of the source.
 # tier: check
 . "$(dirname "$0")/lib.sh"
 
@@ -39,10 +40,11 @@ PYEOF
 QKV=transformer.h.0.attn.c_attn.weight
 expect_ok "large values" edit "$WORK/big_hf" "$QKV:0:0:1e6" "$QKV:1:1:-7e4" "$QKV:2:2:3e38" \
     transformer.wpe.weight:0:0:7e4 transformer.wpe.weight:0:1:inf transformer.wpe.weight:0:2:65519
-expect_ok "import fp32" "$CKPT" import "$WORK/big_hf" -o "$WORK/big" --tp 1 --pp 1
+expect_ok "import fp32" "$CKPT" import "$WORK/big_hf" -o "$WORK/big" --tp 1 --pp 1 --allow-nonfinite
 
 POS_SAID="model/pos_embed.weight: 1 value beyond fp16's range \(largest \|x\| 70000\) would become infinite: keep fp32 or bf16 \(--dtype\); 1 more tensor as well"
-expect_error "import --dtype fp16: the first tensor that overflowed, and how many more" 1 "$POS_SAID" "$CKPT" import "$WORK/big_hf" -o "$WORK/big16" --tp 1 --pp 1 --dtype fp16
+expect_error "import --dtype fp16: the first tensor that overflowed, and how many more" 1 "$POS_SAID" "$CKPT" import "$WORK/big_hf" -o "$WORK/big16" --tp 1 --pp 1 --dtype fp16 \
+    --allow-nonfinite
 check "import left nothing" test ! -e "$WORK/big16"
 expect_error "reshard --dtype fp16 --verify" 1 "$POS_SAID" \
     "$BIN/tp-reshard" "$WORK/big" --to tp2 --dtype fp16 -o "$WORK/v" --verify
@@ -65,8 +67,9 @@ check "bf16 import left nothing" test ! -e "$WORK/huge16"
 # Infinities and NaNs of the source stay what they are; 65519 becomes 65504.
 expect_ok "non-finite values" edit "$WORK/odd_hf" transformer.wpe.weight:0:0:inf transformer.wpe.weight:0:1:-inf \
     transformer.wpe.weight:0:2:nan transformer.wpe.weight:0:3:65519 "$QKV:0:0:-inf"
-expect_ok "import non-finite fp32" "$CKPT" import "$WORK/odd_hf" -o "$WORK/odd" --tp 1 --pp 1
-expect_ok "import non-finite fp16" "$CKPT" import "$WORK/odd_hf" -o "$WORK/odd16" --tp 1 --pp 1 --dtype fp16
+expect_ok "import non-finite fp32" "$CKPT" import "$WORK/odd_hf" -o "$WORK/odd" --tp 1 --pp 1 --allow-nonfinite
+expect_ok "import non-finite fp16" "$CKPT" import "$WORK/odd_hf" -o "$WORK/odd16" --tp 1 --pp 1 --dtype fp16 \
+    --allow-nonfinite
 expect_ok "reshard non-finite fp16" "$BIN/tp-reshard" "$WORK/odd" --to tp2 --dtype fp16 -o "$WORK/odd_tp2" --verify
 expect_ok "export non-finite fp16" "$CKPT" export "$WORK/odd" --format hdf5 --dtype fp16 -o "$WORK/odd.h5"
 expect_ok "export fp32 for the judge" "$CKPT" export "$WORK/odd" --format hdf5 -o "$WORK/odd32.h5"

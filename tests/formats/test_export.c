@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1837,9 +1838,24 @@ Test(export, import_into_layouts)
             descs[i] = t[i].desc;
             want[i] = t[i].logical;
         }
+        /* The tensors' random bits hold NaNs and infinities: carried bit for
+         * bit, and the tensors holding any counted as a widening finds them. */
+        int with_nonfinite = 0;
+        for (int i = 0; i < n; i++) {
+            int64_t count = elements_of(t[i].desc.shape, t[i].desc.ndim), bad = 0;
+            float *wide = malloc((size_t)count * sizeof *wide + 1);
+            cr_assert(wide);
+            convert_to_f32(want[i], t[i].desc.dtype, wide, count);
+            for (int64_t e = 0; e < count; e++) bad += !isfinite(wide[e]);
+            with_nonfinite += bad > 0;
+            free(wide);
+        }
         import_options io;
         import_options_init(&io);
         io.threads = 2;
+        io.allow_nonfinite = 1;
+        import_nonfinite found;
+        io.nonfinite = &found;
         ckpt_train_state state = {42, 336, "{\"arch\":\"gpt2\"}", NULL, NULL, NULL};
         for (int k = 0; k < 3; k++)
             for (int pp = 1; pp <= 2; pp++) {
@@ -1847,6 +1863,8 @@ Test(export, import_into_layouts)
                 snprintf(out, sizeof out, "%s/imported%d_tp%d_pp%d", dir, iter, tps[k], pp);
                 cr_assert_eq(import_run(set, descs, map, n, &to, &state, &io, out), TP_OK, "tp=%d pp=%d: %s", tps[k], pp,
                              tp_errmsg());
+                cr_assert_eq(found.tensors, with_nonfinite, "tp=%d: %d tensors said to hold NaN or infinities, %d do (%s)",
+                             tps[k], found.tensors, with_nonfinite, found.summary);
                 check_imported(out, t, want, n);
                 ckpt_reader *back = open_reader(out);
                 cr_assert_eq(ckpt_reader_state(back)->step, 42);
