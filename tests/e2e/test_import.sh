@@ -33,7 +33,12 @@
 #   - a tied model's embedding stored as lm_head.weight alone (the name
 #     safetensors' save_model keeps of two shared tensors): the embedding
 #     said missing, with the file (a GPT-2's other tensors were all
-#     "unexpected", a Llama's "no tensor model.embed_tokens.weight").
+#     "unexpected", a Llama's "no tensor model.embed_tokens.weight");
+#   - NaN or infinite weights (fp32, a bf16 shard, fp16) refused naming the
+#     file, the tensor, how many of each, the first's index and how many
+#     tensors hold some, each value counted once where key/value rows are
+#     replicated; --allow-nonfinite imports them bit for bit with a warning
+#     (they were imported silently).
 # Inputs are synthesized and exported here: no training.
 # tier: check
 . "$(dirname "$0")/lib.sh"
@@ -197,6 +202,22 @@ elif action == "lm-head-f16":  # a tied GPT-2 head in F16, the embedding exact i
 elif action == "head-only":  # a tied model's embedding stored as lm_head.weight alone (save_model keeps that name)
     f = d + "/model.safetensors"; meta, t = load(f)
     t["lm_head.weight"] = t.pop(sys.argv[3]); save(f, meta, t)
+elif action == "poison":  # poison TENSOR INDEX VALUE ...: elements (flat indices) set to nan, inf or -inf, in its dtype
+    name = sys.argv[3]; f = d + "/" + file_of(name); meta, t = load(f); dtype, shape, blob = t[name]
+    if dtype == "F32": v = np.frombuffer(blob, np.float32).copy()
+    elif dtype == "F16": v = np.frombuffer(blob, np.float16).copy()
+    else: v = np.frombuffer(blob, np.uint16).copy()  # BF16: the top half of the fp32's bits
+    for i, x in zip(sys.argv[4::2], sys.argv[5::2]):
+        x = np.float32(x)
+        v[int(i)] = (x.view(np.uint32) >> 16).astype(np.uint16) if dtype == "BF16" else x
+    t[name] = (dtype, shape, v.tobytes()); save(f, meta, t)
+    print(file_of(name))
+elif action == "same-values":  # same-values OTHER: every tensor of DIR has OTHER's bytes (NaN payloads included)
+    a = {n: v for f in sorted(os.listdir(d)) if f.endswith(".safetensors") for n, v in load(d + "/" + f)[1].items()}
+    b = {n: v for f in sorted(os.listdir(sys.argv[3])) if f.endswith(".safetensors")
+         for n, v in load(sys.argv[3] + "/" + f)[1].items()}
+    differ = [n for n in a if n not in b or a[n] != b[n]]
+    if differ or len(a) != len(b): sys.exit("differ: %s of %d and %d" % (differ[:5], len(a), len(b)))
 elif action == "bad-utf8":  # a tensor named "model.\xff": prints the file offset of the name
     f = d + "/model.safetensors"; meta, t = load(f)
     t["model.X"] = ("F32", [1], b"\0" * 4)
@@ -321,5 +342,54 @@ expect_ok "export it" "$CK" export "$WORK/llama-tied" --format safetensors -o "$
 expect_error "a tied Llama of lm_head.weight without model.embed_tokens.weight: the file named" 1 \
     "hf-llama-tied/model.safetensors: tensor model.embed_tokens.weight is missing, and lm_head.weight, which a tied model shares with it, is there" \
     "$CK" import "$WORK/hf-llama-tied" -o "$WORK/bad-llama-tied" --tp 1 --pp 1
+
+# --- NaN and infinite values in the weights (a damaged download, an export of
+# a diverged run): refused before anything is written, naming the file,
+# the tensor, how many of each and the first's [row, col] (they were
+# imported silently, and training failed later); --allow-nonfinite imports
+# them, bit for bit, with a warning naming the same.
+cp -r "$WORK/hf" "$WORK/nanw"
+"$PY" "$WORK/st.py" poison "$WORK/nanw" transformer.h.1.mlp.c_fc.weight 785 nan 900 nan >/dev/null  # [3, 17], [3, 132]
+"$PY" "$WORK/st.py" poison "$WORK/nanw" transformer.h.0.ln_2.weight 9 -inf >/dev/null
+mkdir "$WORK/nf"
+expect_error "a NaN in a GPT-2 weight: refused, the file, tensor, counts, first index and other tensors named" 1 \
+    "nanw/model.safetensors: tensor transformer.h.0.ln_2.weight \[64\] holds 0 NaNs and 1 infinite value, the first at \[9\]; 2 tensors in all hold NaN or infinite values \(3 values\): nothing imported \(--allow-nonfinite" \
+    "$CK" import "$WORK/nanw" -o "$WORK/nf/nan" --tp 2 --pp 1
+check "nothing left of it, staging included" sh -c '[ -z "$(ls -A "$1")" ]' sh "$WORK/nf"
+"$PY" "$WORK/st.py" poison "$WORK/nanw" transformer.h.0.ln_2.weight 9 1.0 >/dev/null
+expect_error "the transposed one alone: its [row, col] in the source's shape" 1 \
+    "nanw/model.safetensors: tensor transformer.h.1.mlp.c_fc.weight \[64, 256\] holds 2 NaNs and 0 infinite values, the first at \[3, 17\]: nothing" \
+    "$CK" import "$WORK/nanw" -o "$WORK/nf/nan" --tp 2 --pp 1
+check "nothing left of it" sh -c '[ -z "$(ls -A "$1")" ]' sh "$WORK/nf"
+
+# bf16 shards of a Llama of 2 KV heads at tp 4: the K rows are replicated on
+# two ranks each, and each value is counted once.
+expect_ok "export the Llama in bf16 shards" "$CK" export "$WORK/llama4" --format safetensors --dtype bf16 \
+    --max-shard-size 100K -o "$WORK/inf"
+SHARD=$("$PY" "$WORK/st.py" poison "$WORK/inf" model.layers.1.self_attn.k_proj.weight 329 inf 330 -inf 700 nan)
+expect_error "an inf in a bf16 shard: its shard named, each value counted once though replicated" 1 \
+    "inf/$SHARD: tensor model.layers.1.self_attn.k_proj.weight \[32, 64\] holds 1 NaN and 2 infinite values, the first at \[5, 9\]: nothing imported" \
+    "$CK" import "$WORK/inf" -o "$WORK/nf/inf" --tp 4 --pp 1 --dtype bf16
+check "nothing left of it" sh -c '[ -z "$(ls -A "$1")" ]' sh "$WORK/nf"
+expect_ok "--allow-nonfinite imports it" "$CK" import "$WORK/inf" -o "$WORK/nf/inf" --tp 4 --pp 1 --dtype bf16 --allow-nonfinite
+check "with a warning naming the same" grep -q \
+    "warning: imported with NaN or infinite values (--allow-nonfinite): .*inf/$SHARD: tensor model.layers.1.self_attn.k_proj.weight \[32, 64\] holds 1 NaN and 2 infinite values, the first at \[5, 9\]" \
+    "$WORK/.err"
+expect_ok "export the import" "$CK" export "$WORK/nf/inf" --format safetensors --dtype bf16 -o "$WORK/inf-back"
+check "the values carried bit for bit, NaN's payload included" "$PY" "$WORK/st.py" same-values "$WORK/inf-back" "$WORK/inf"
+
+expect_ok "export the Llama in fp16" "$CK" export "$WORK/llama" --format safetensors --dtype fp16 -o "$WORK/f16"
+"$PY" "$WORK/st.py" poison "$WORK/f16" model.norm.weight 7 inf >/dev/null
+expect_error "an inf in an fp16 tensor, imported as fp32" 1 \
+    "f16/model.safetensors: tensor model.norm.weight \[64\] holds 0 NaNs and 1 infinite value, the first at \[7\]" \
+    "$CK" import "$WORK/f16" -o "$WORK/nf/f16" --tp 1 --pp 1
+expect_ok "--allow-nonfinite imports the GPT-2's NaNs at tp 2" \
+    "$CK" import "$WORK/nanw" -o "$WORK/nf/nan" --tp 2 --pp 1 --allow-nonfinite
+expect_ok "export it" "$CK" export "$WORK/nf/nan" --format safetensors -o "$WORK/nan-back"
+check "its values carried bit for bit" "$PY" "$WORK/st.py" same-values "$WORK/nan-back" "$WORK/nanw"
+
+expect_ok "a clean model imports as before" "$CK" import "$WORK/hf" -o "$WORK/nf/clean" --tp 2 --pp 1
+check "without a warning" sh -c '! grep -q warning "$1"' sh "$WORK/.err"
+expect_ok "equal to the checkpoint it was exported from" "$CK" diff "$WORK/nf/clean" "$WORK/gpt"
 
 finish
