@@ -702,7 +702,7 @@ typedef struct {
     convert_nonfinite nonfinite[IMPORT_MAX_PARTS]; /* per part, over the whole tensor (as importer's) */
     /* The piece being filled holds replicas (fewer key/value heads than
      * ranks) of these logical ranges along the split axis: their elements
-     * were counted in their primary copy, so they are converted uncounted. */
+     * are counted in their primary copy, so what is found here is dropped. */
     int64_t replica_begin[CKPT_MAX_SEGMENTS], replica_end[CKPT_MAX_SEGMENTS];
     int num_replicas;
     int64_t split_inner, split_size; /* elements after the split axis; its logical size */
@@ -743,12 +743,8 @@ static int fill_run(void *ctx, int64_t offset, int64_t first, int64_t n)
             if (first >= c->part_end[p]) continue;
             int64_t m = c->part_end[p] - first < n ? c->part_end[p] - first : n;
             const unsigned char *src = c->src[p] + (size_t)(first - begin) * tp_dtype_size(c->in);
-            if (counted) {
-                convert_overflow_add(&c->overflow, convert_numbers_counting(src, c->in, dst, c->out, m, &found));
-                note_nonfinite(&c->nonfinite[p], found, first - begin);
-            } else {
-                convert_overflow_add(&c->overflow, convert_numbers(src, c->in, dst, c->out, m));
-            }
+            convert_overflow_add(&c->overflow, convert_numbers_counting(src, c->in, 1, dst, c->out, m, &found));
+            if (counted) note_nonfinite(&c->nonfinite[p], found, first - begin);
             dst += (size_t)m * c->out_size;
             first += m;
             n -= m;
@@ -756,23 +752,15 @@ static int fill_run(void *ctx, int64_t offset, int64_t first, int64_t n)
         return 0;
     }
     /* Target element (r, k) is source element (k, r): a gather with stride
-     * rows, one logical row of the run at a time, element by element (as a
-     * strided move of length 1 would), each counted where it lies. */
-    size_t in_size = tp_dtype_size(c->in);
+     * rows, one logical row of the run at a time. */
     for (int64_t done = 0; done < n;) {
         int64_t r = (first + done) / c->cols, k = (first + done) % c->cols, m = c->cols - k;
         if (m > n - done) m = n - done;
-        for (int64_t j = 0; j < m; j++) {
-            int64_t source = (k + j) * c->rows + r;
-            const unsigned char *src = c->src[0] + (size_t)source * in_size;
-            unsigned char *to = dst + (size_t)(done + j) * c->out_size;
-            if (counted) {
-                convert_overflow_add(&c->overflow, convert_numbers_counting(src, c->in, to, c->out, 1, &found));
-                note_nonfinite(&c->nonfinite[0], found, source);
-            } else {
-                convert_overflow_add(&c->overflow, convert_numbers(src, c->in, to, c->out, 1));
-            }
-        }
+        const unsigned char *src = c->src[0] + (size_t)(k * c->rows + r) * tp_dtype_size(c->in);
+        unsigned char *to = dst + (size_t)done * c->out_size;
+        convert_overflow_add(&c->overflow, convert_numbers_counting(src, c->in, c->rows, to, c->out, m, &found));
+        if (found.first >= 0) found.first = (k + found.first) * c->rows + r; /* the source's flat index */
+        if (counted) note_nonfinite(&c->nonfinite[0], found, 0);
         done += m;
     }
     return 0;

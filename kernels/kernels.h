@@ -66,12 +66,15 @@ typedef struct {
     int64_t first;
 } convert_nonfinite;
 
-/* convert_numbers, and the input's NaNs and infinities in *nonfinite
- * (overwritten). Counted block by block over what the conversion has just
- * read, while it is in the L1 cache, in a loop without branches that
+/* convert_numbers of n values in[i * in_stride] (in elements; 1:
+ * contiguous, more: a gather, such as a column of a matrix being
+ * transposed) into out[i], and their NaNs and infinities in *nonfinite
+ * (overwritten; first counts i). Counted block by block over what the
+ * conversion has just read, while it is in the L1 cache (a gather first
+ * moves a block's bits into a tile), in a loop without branches that
  * vectorizes; only a block that holds one is searched for the first. */
-convert_overflow convert_numbers_counting(const void *in, tp_dtype in_format, void *out, tp_dtype out_format,
-                                          int64_t n, convert_nonfinite *nonfinite);
+convert_overflow convert_numbers_counting(const void *in, tp_dtype in_format, int64_t in_stride, void *out,
+                                          tp_dtype out_format, int64_t n, convert_nonfinite *nonfinite);
 
 /* A strided move: `repeat` times, copy `len` elements from src to dst, then
  * advance src by src_stride and dst by dst_stride (all in elements). A

@@ -122,15 +122,23 @@ static int64_t first_nonfinite(const void *values, tp_dtype format, int64_t n)
     return -1;
 }
 
-convert_overflow convert_numbers_counting(const void *in, tp_dtype in_format, void *out, tp_dtype out_format,
-                                          int64_t n, convert_nonfinite *nonfinite)
+convert_overflow convert_numbers_counting(const void *in, tp_dtype in_format, int64_t in_stride, void *out,
+                                          tp_dtype out_format, int64_t n, convert_nonfinite *nonfinite)
 {
     convert_overflow sum = {0, 0.0f};
     *nonfinite = (convert_nonfinite){0, 0, -1};
     size_t in_size = tp_dtype_size(in_format), out_size = tp_dtype_size(out_format);
+    uint32_t tile[NONFINITE_BLOCK]; /* a strided block gathered, in its own format */
     for (int64_t at = 0; at < n; at += NONFINITE_BLOCK) {
         int64_t m = n - at < NONFINITE_BLOCK ? n - at : NONFINITE_BLOCK;
-        const unsigned char *block = (const unsigned char *)in + (size_t)at * in_size;
+        const void *block = (const unsigned char *)in + (size_t)(at * in_stride) * in_size;
+        if (in_stride != 1) { /* bits moved as they are: the conversion below reads them from L1 */
+            if (in_size == 4)
+                for (int64_t i = 0; i < m; i++) tile[i] = ((const uint32_t *)block)[i * in_stride];
+            else
+                for (int64_t i = 0; i < m; i++) ((uint16_t *)tile)[i] = ((const uint16_t *)block)[i * in_stride];
+            block = tile;
+        }
         convert_overflow_add(&sum, convert_numbers(block, in_format, (unsigned char *)out + (size_t)at * out_size,
                                                    out_format, m));
         uint32_t nans, infinities;

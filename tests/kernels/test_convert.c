@@ -229,58 +229,73 @@ Test(convert, overflow_first_of_many_tensors)
 }
 
 /* convert_numbers_counting converts as convert_numbers does, bit for bit,
- * and counts the input's NaNs and infinities across its blocks: every
- * format pair, values at the edge of each format's range (its largest
- * finite, the smallest NaN payloads, both signs), the first of them past
- * the first block, and the calls of one element import's transposition makes. */
+ * and counts the input's NaNs and infinities across its blocks, as a
+ * reference widening to fp32 and isnan/isinf finds them: every format
+ * pair, contiguous and gathered (stride 3, import's transposition),
+ * values at the edge of each format's range (its largest finite, the
+ * smallest NaN payload, both signs), the first past the first block, the
+ * short calls. */
 static void set_bits(void *values, tp_dtype format, int64_t i, uint32_t bits)
 {
     if (format == TP_FP32) ((uint32_t *)values)[i] = bits;
     else ((uint16_t *)values)[i] = (uint16_t)bits;
 }
 
+static void check_counting(const void *in, tp_dtype in_format, int64_t stride, tp_dtype out_format, int64_t n)
+{
+    static uint32_t gathered[5000], out[5000], expected[5000]; /* room for fp32 */
+    static float wide[5000];
+    size_t in_size = tp_dtype_size(in_format), out_size = tp_dtype_size(out_format);
+    for (int64_t i = 0; i < n; i++)
+        memcpy((char *)gathered + i * in_size, (const char *)in + i * stride * in_size, in_size);
+    convert_overflow want = convert_numbers(gathered, in_format, expected, out_format, n);
+    convert_to_f32(gathered, in_format, wide, n);
+    int64_t nans = 0, infinities = 0, first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        nans += isnan(wide[i]) != 0;
+        infinities += isinf(wide[i]) != 0;
+        if (first < 0 && !isfinite(wide[i])) first = i;
+    }
+    convert_nonfinite found = {-5, -5, -5};
+    convert_overflow got = convert_numbers_counting(in, in_format, stride, out, out_format, n, &found);
+    const char *a = tp_dtype_name(in_format), *b = tp_dtype_name(out_format);
+    cr_assert_eq(memcmp(out, expected, (size_t)n * out_size), 0, "%s -> %s, stride %lld: the values", a, b,
+                 (long long)stride);
+    cr_assert_eq(got.count, want.count);
+    cr_assert_eq(found.nans, nans, "%s -> %s, stride %lld: %lld NaNs, expected %lld", a, b, (long long)stride,
+                 (long long)found.nans, (long long)nans);
+    cr_assert_eq(found.infinities, infinities, "%s, stride %lld: %lld infinities, expected %lld", a, (long long)stride,
+                 (long long)found.infinities, (long long)infinities);
+    cr_assert_eq(found.first, first, "%s, stride %lld: first at %lld, expected %lld", a, (long long)stride,
+                 (long long)found.first, (long long)first);
+}
+
 Test(convert, counting_finds_nans_and_infinities)
 {
     enum { N = 5000 }; /* more than two blocks */
     const tp_dtype formats[] = {TP_FP32, TP_BF16, TP_FP16};
-    for (int a = 0; a < 3; a++)
+    for (int a = 0; a < 3; a++) {
+        tp_dtype in_format = formats[a];
+        float wide[N];
+        for (int i = 0; i < N; i++) wide[i] = (float)((int)(next_bits() % 20001) - 10000) / 100.0f;
+        uint32_t in[N]; /* room for fp32 */
+        convert_numbers(wide, TP_FP32, in, in_format, N);
+        uint32_t largest = in_format == TP_FP32 ? 0x7f7fffffu : in_format == TP_BF16 ? 0x7f7fu : 0x7bffu;
+        uint32_t sign = in_format == TP_FP32 ? 0x80000000u : 0x8000u;
+        uint32_t infinity = in_format == TP_FP32 ? 0x7f800000u : in_format == TP_BF16 ? 0x7f80u : 0x7c00u;
+        set_bits(in, in_format, 7, largest); /* finite, both signs: not counted */
+        set_bits(in, in_format, 8, largest | sign);
+        set_bits(in, in_format, 2500, infinity | 1u);   /* a NaN of the smallest payload */
+        set_bits(in, in_format, 2501, infinity | sign); /* -inf */
+        set_bits(in, in_format, 2502, infinity | 1u);
+        set_bits(in, in_format, 4100, infinity);        /* +inf, in the third block */
+        set_bits(in, in_format, 4998, infinity | sign | (infinity >> 1)); /* a negative quiet NaN */
         for (int b = 0; b < 3; b++) {
-            tp_dtype in_format = formats[a], out_format = formats[b];
-            float wide[N];
-            for (int i = 0; i < N; i++) wide[i] = (float)((int)(next_bits() % 20001) - 10000) / 100.0f;
-            uint32_t in[N], out[N], expected[N]; /* room for fp32 */
-            convert_numbers(wide, TP_FP32, in, in_format, N);
-            /* The largest finite of the format, both signs: not counted. */
-            uint32_t largest = in_format == TP_FP32 ? 0x7f7fffffu : in_format == TP_BF16 ? 0x7f7fu : 0x7bffu;
-            uint32_t sign = in_format == TP_FP32 ? 0x80000000u : 0x8000u;
-            uint32_t infinity = in_format == TP_FP32 ? 0x7f800000u : in_format == TP_BF16 ? 0x7f80u : 0x7c00u;
-            set_bits(in, in_format, 7, largest);
-            set_bits(in, in_format, 8, largest | sign);
-            set_bits(in, in_format, 2500, infinity | 1u);     /* the first: a NaN of the smallest payload */
-            set_bits(in, in_format, 2501, infinity | sign);   /* -inf */
-            set_bits(in, in_format, 4100, infinity);          /* +inf, in the third block */
-            set_bits(in, in_format, 4999, infinity | sign | (infinity >> 1)); /* a negative quiet NaN, the last */
-            convert_overflow want = convert_numbers(in, in_format, expected, out_format, N);
-            convert_nonfinite found = {-5, -5, -5};
-            convert_overflow got = convert_numbers_counting(in, in_format, out, out_format, N, &found);
-            cr_assert_eq(memcmp(out, expected, (size_t)N * tp_dtype_size(out_format)), 0, "%s -> %s: the values",
-                         tp_dtype_name(in_format), tp_dtype_name(out_format));
-            cr_assert_eq(got.count, want.count);
-            cr_assert_eq(found.nans, 2, "%s -> %s: %lld NaNs", tp_dtype_name(in_format), tp_dtype_name(out_format),
-                         (long long)found.nans);
-            cr_assert_eq(found.infinities, 2, "%s: %lld infinities", tp_dtype_name(in_format),
-                         (long long)found.infinities);
-            cr_assert_eq(found.first, 2500, "%s: first at %lld", tp_dtype_name(in_format), (long long)found.first);
-            /* One element at a time, as import's transposition converts. */
-            size_t in_size = tp_dtype_size(in_format), out_size = tp_dtype_size(out_format);
-            for (int i = 2499; i <= 2501; i++) {
-                convert_numbers_counting((char *)in + i * in_size, in_format, (char *)out + i * out_size, out_format, 1,
-                                         &found);
-                cr_assert_eq(found.nans + found.infinities, i == 2499 ? 0 : 1);
-                cr_assert_eq(found.first, i == 2499 ? -1 : 0);
-            }
-            /* Nothing to convert: nothing found. */
-            convert_numbers_counting(in, in_format, out, out_format, 0, &found);
-            cr_assert(found.nans == 0 && found.infinities == 0 && found.first == -1);
+            check_counting(in, in_format, 1, formats[b], N);
+            check_counting(in, in_format, 3, formats[b], N / 3); /* 2502, 4998 and 7, not 2500, 2501 or 4100 */
+            check_counting(in, in_format, 1, formats[b], 2500);  /* none: first -1 */
+            check_counting((char *)in + 2501 * tp_dtype_size(in_format), in_format, 1, formats[b], 1);
+            check_counting(in, in_format, 1, formats[b], 0);
         }
+    }
 }
