@@ -88,15 +88,24 @@ convert_overflow convert_numbers(const void *in, tp_dtype in_format, void *out, 
 
 /* An exponent of all ones is an infinity (mantissa 0) or a NaN (any other
  * mantissa): with the sign masked off, above the infinity's bits is a NaN.
- * Compares summed, no branch, so that the loop vectorizes (32-bit lanes:
- * a block's counts fit). */
+ * Compares summed, no branch, so that the loop vectorizes; the sums are
+ * of the values' own width (a block's counts fit 16 bits), so that a
+ * vector holds as many lanes as it holds values: 32-bit sums of 16-bit
+ * values took twice as long. */
 #define COUNT_NONFINITE(type, magnitude_mask, infinity)                                  \
-    for (int64_t i = 0; i < n; i++) {                                                    \
-        uint32_t magnitude = ((const type *)values)[i] & (magnitude_mask);              \
-        nans += magnitude > (infinity);                                                  \
-        infinities += magnitude == (infinity);                                           \
+    {                                                                                    \
+        const type *v = values;                                                          \
+        type nan_sum = 0, infinity_sum = 0;                                              \
+        for (int64_t i = 0; i < n; i++) {                                                \
+            type magnitude = v[i] & (magnitude_mask);                                    \
+            nan_sum += magnitude > (infinity);                                           \
+            infinity_sum += magnitude == (infinity);                                     \
+        }                                                                                \
+        nans = nan_sum;                                                                  \
+        infinities = infinity_sum;                                                       \
     }
 
+/* n at most NONFINITE_BLOCK. */
 static VECTOR_CLONES void count_nonfinite(const void *values, tp_dtype format, int64_t n, uint32_t *nans_out,
                                           uint32_t *infinities_out)
 {
