@@ -425,7 +425,12 @@ const dcp_entry *dcp_entry_at(const dcp_checkpoint *dcp, int index)
 int dcp_entry_is_tensor(const dcp_entry *e)
 {
     tp_dtype dtype;
-    return e->kind == DCP_TENSOR && e->ndim >= 1 && e->ndim <= CKPT_MAX_DIMS && torch_dtype_to_tp(e->dtype, &dtype);
+    if (e->kind != DCP_TENSOR || e->ndim < 1 || e->ndim > CKPT_MAX_DIMS || !torch_dtype_to_tp(e->dtype, &dtype)) return 0;
+    /* A tensor without elements (a buffer of size 0) is no tensor of this
+     * project (every dimension at least 1): an other entry, carried. */
+    for (int d = 0; d < e->ndim; d++)
+        if (e->shape[d] == 0) return 0;
+    return 1;
 }
 
 int dcp_num_files(const dcp_checkpoint *dcp)

@@ -79,7 +79,8 @@ int dcp_num_entries(const dcp_checkpoint *dcp);
 const dcp_entry *dcp_entry_at(const dcp_checkpoint *dcp, int index);
 /* The entry of that key, or -1. */
 int dcp_find(const dcp_checkpoint *dcp, const char *key);
-/* Whether an entry is read as a tensor of this project (else an other entry). */
+/* Whether an entry is read as a tensor of this project (else an other entry):
+ * fp32, bf16 or fp16, of 1 to 8 dimensions, none of size 0. */
 int dcp_entry_is_tensor(const dcp_entry *entry);
 
 int dcp_num_files(const dcp_checkpoint *dcp);

@@ -136,6 +136,22 @@ else
         expect_ok "fixtures written by PyTorch $TORCH" "$PY" "$JUDGE" fixtures "$DCP_FIXTURES"
     fi
     judge_fixtures "$DCP_FIXTURES"
+    # A state dict with tensors without elements (a buffer of size 0): each an
+    # other entry carried, not a refusal of the whole checkpoint.
+    run "$PY" - "$JUDGE" "$WORK/empties" <<'PYEOF'
+import runpy, sys, torch
+judge = runpy.run_path(sys.argv[1])
+sd = {"w": judge["values"]([4, 3], torch.float32, 1.0), "empty": torch.zeros(0, 4),
+      "empty_bf16": torch.zeros(3, 0, dtype=torch.bfloat16)}
+judge["alone"](lambda rank, ranks: judge["save"](sd, sys.argv[2]))
+PYEOF
+    check "torch wrote a checkpoint with tensors of size 0" [ "$RC" -eq 0 ]
+    expect_ok "info of a checkpoint with tensors of size 0" "$CK" info "$WORK/empties"
+    check_all "they are other entries" 'grep -Eq "^empty +float32 +\[0, 4\]" "$WORK/.out" &&
+        grep -Eq "^empty_bf16 +bfloat16 +\[3, 0\]" "$WORK/.out" && grep -q "^tensors      1 read as tensors, 2 other entries" "$WORK/.out"'
+    expect_ok "reshard it -> DCP, verified" "$RS" "$WORK/empties" --to tp2 -o "$WORK/empties.dcp" --verify
+    expect_ok "torch loads it equal, the tensors of size 0 carried" "$PY" "$JUDGE" compare-dcp "$WORK/empties" \
+        "$WORK/empties.dcp"
 fi
 
 # ------------------------------------------------ this toolkit's checkpoints
