@@ -333,9 +333,11 @@ static int build_entries(writer *w)
             int64_t sa[CKPT_MAX_DIMS + 1], st[CKPT_MAX_DIMS + 1];
             int na = entry_shape(w, order[g], sa), nt = entry_shape(w, k, st);
             int same = na == nt && t->dtype == a->dtype && !memcmp(sa, st, sizeof(int64_t) * (size_t)na);
-            if (h - g > 1 && w->stack_index[k] < 0)
+            if (h - g > 1 && w->stack_index[k] < 0) { /* named against another member, not itself */
+                const ckpt_tensor_desc *o = m == g ? ckpt_reader_tensor(w->source, w->tensors[order[g + 1]]) : t;
                 status = tp_fail(TP_ERR_LAYOUT, "two tensors are written under the key %s (%s and %s; '/' and '.' both "
-                                 "become '.')", w->keys[k], a->name, t->name);
+                                 "become '.')", w->keys[k], a->name, o->name);
+            }
             else if (!same)
                 status = tp_fail(TP_ERR_LAYOUT, "tensors %s and %s, stacked under %s, differ in shape or dtype", a->name,
                                  t->name, w->keys[k]);

@@ -152,6 +152,18 @@ PYEOF
     expect_ok "reshard it -> DCP, verified" "$RS" "$WORK/empties" --to tp2 -o "$WORK/empties.dcp" --verify
     expect_ok "torch loads it equal, the tensors of size 0 carried" "$PY" "$JUDGE" compare-dcp "$WORK/empties" \
         "$WORK/empties.dcp"
+    # Keys that differ by '/' and '.' only: refused for a DCP output, naming both.
+    run "$PY" - "$JUDGE" "$WORK/slashes" <<'PYEOF'
+import runpy, sys, torch
+judge = runpy.run_path(sys.argv[1])
+sd = {"model/w": torch.ones(4, 3), "model.w": torch.zeros(2)}
+judge["alone"](lambda rank, ranks: judge["save"](sd, sys.argv[2]))
+PYEOF
+    check "torch wrote keys model/w and model.w" [ "$RC" -eq 0 ]
+    expect_error "a DCP output of model/w and model.w names both" 1 \
+        "two tensors are written under the key model\.w \((model/w and model\.w|model\.w and model/w);" \
+        "$RS" "$WORK/slashes" --to tp1 -o "$WORK/slashes.dcp"
+    check "nothing written" test ! -e "$WORK/slashes.dcp"
 fi
 
 # ------------------------------------------------ this toolkit's checkpoints
