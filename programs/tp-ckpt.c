@@ -896,6 +896,16 @@ static int64_t diff_side_vocab(const char *path, int64_t true_vocab, int *pads, 
     return *pads ? true_vocab : 0;
 }
 
+/* The other entries of a DCP source (not the description), else 0. */
+static int diff_other_entries(const formats_source *source)
+{
+    const dcp_checkpoint *d = strcmp(formats_source_format(source)->name, "dcp") ? NULL : formats_source_dcp(source);
+    int n = 0;
+    for (int i = 0; d && i < dcp_num_entries(d); i++)
+        n += !dcp_entry_is_tensor(dcp_entry_at(d, i)) && strcmp(dcp_entry_at(d, i)->key, DCP_INDEX_KEY);
+    return n;
+}
+
 static int cmd_diff(int argc, char **argv)
 {
     double rtol = 0, atol = 0;
@@ -967,6 +977,13 @@ static int cmd_diff(int argc, char **argv)
     if (sa->step != sb->step)
         printf("note: steps differ (%lld vs %lld)\n", (long long)sa->step, (long long)sb->step);
     if (strcmp(sa->model_json, sb->model_json) != 0) printf("note: model configurations differ\n");
+    /* A DCP side's other entries (int64 and 0-dimensional tensors, bytes:
+     * step counters, schedulers, RNG states) are not tensors compared here:
+     * said, so that "equal" is not taken to cover them. */
+    int others_a = diff_other_entries(source_a), others_b = diff_other_entries(source_b);
+    if (others_a || others_b)
+        printf("note: other entries of a distributed checkpoint not compared (%d in A, %d in B: tensors of other dtypes "
+               "or without dimensions, bytes entries; tp-ckpt info lists them)\n", others_a, others_b);
     /* Values are compared as fp32: a bf16 tensor equals its fp32 widening, so
      * that "bit-exact" would not say that the stored dtypes differ. */
     int other_dtypes = 0, first_other = -1;

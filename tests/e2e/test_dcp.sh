@@ -78,6 +78,9 @@ for f in cols2 grid4; do
     expect_ok "diff: the fixture equals its DCP reshard" "$CK" diff "$DATA/$f" "$WORK/$f.dcp"
     expect_ok "diff: the fixture equals its tp reshard" "$CK" diff "$DATA/$f" "$WORK/$f.tp"
 done
+expect_ok "diff of cols2 and its DCP reshard" "$CK" diff "$DATA/cols2" "$WORK/cols2.dcp"
+check "diff says the other entries (step, an int64 tensor...) were not compared: equal covers the tensors" grep -q \
+    "^note: other entries of a distributed checkpoint not compared (4 in A, 4 in B" "$WORK/.out"
 expect_ok "info of the DCP reshard" "$CK" info "$WORK/cols2.dcp"
 check "a DCP source's other entries are carried" grep -q "^tensors      3 read as tensors, 4 other entries" "$WORK/.out"
 check "a DCP output keeps the source's class paths" grep -q "class paths of PyTorch 1.13" "$WORK/.out"
