@@ -848,6 +848,26 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
 
 /* ------------------------------------------------------------ verify */
 
+int dcp_check_item(const dcp_checkpoint *dcp, const dcp_chunk *c)
+{
+    unsigned char start[4] = {0};
+    const store_ops *store;
+    store_file *file;
+    TP_TRY(dcp_open_item_file(dcp, c, &store, &file));
+    int status = c->item_bytes >= 4 ? store->read_at(file, start, 4, c->item_offset) : TP_OK;
+    dcp_close_item_file(dcp, c, store, file);
+    if (status || memcmp(start, "PK\003\004", 4)) return status;
+    pickle_limits limits;
+    pickle_limits_init(&limits);
+    limits.max_memory = (int64_t)64 << 20;
+    torch_archive *a;
+    TP_TRY(open_item_archive(dcp, c, &limits, &a));
+    torch_archive_check_result checked = {0, 0};
+    status = torch_archive_check(a, &checked, NULL, NULL);
+    torch_archive_close(a);
+    return status;
+}
+
 typedef struct {
     const dcp_checkpoint *dcp;
     const dcp_chunk **items;

@@ -55,6 +55,10 @@ int dcp_open_item_file(const dcp_checkpoint *dcp, const dcp_chunk *c, const stor
 void dcp_close_item_file(const dcp_checkpoint *dcp, const dcp_chunk *c, const store_ops *store, store_file *file);
 /* Reads a chunk's whole item (c->item_bytes) into buf. */
 int dcp_read_item(const dcp_checkpoint *dcp, const dcp_chunk *c, void *buf);
+/* Checks chunk c's item as verify does: a torch.save archive (an item that
+ * does not start as a zip is not checked) whose entries match their
+ * CRC-32s; damage is TP_ERR_CHECKSUM, naming the file and entry. */
+int dcp_check_item(const dcp_checkpoint *dcp, const dcp_chunk *c);
 
 /* Opens the items of chunks chunk[0..n) (indices into dcp->chunks, of the
  * entries chunk_entry[]) on threads threads, and gives where each one's

@@ -942,7 +942,10 @@ static int write_rest(writer *w)
         }
         for (int c = 0; c < e->num_chunks && !status; c++) {
             if (e->chunks[c].file < 0) continue;
-            status = copy_item(others, &e->chunks[c], file, path, buf, (size_t)BLOCK_BYTES, &extra[x - 1].item_offset[c]);
+            /* Checked as every item read is: a damaged one is not carried on as if whole. */
+            status = dcp_check_item(others, &e->chunks[c]);
+            if (!status)
+                status = copy_item(others, &e->chunks[c], file, path, buf, (size_t)BLOCK_BYTES, &extra[x - 1].item_offset[c]);
             extra[x - 1].item_bytes[c] = e->chunks[c].item_bytes;
             if (status) status = tp_fail_context(status, "%s", e->key);
         }

@@ -301,6 +301,17 @@ expect_error "and an export" 1 "__5_0.distcp: entry [^:]+: its [0-9]+ bytes have
     --format hdf5 -o "$WORK/flip.h5"
 check_all "nothing written from the damaged checkpoint" \
     '[ ! -e "$WORK/flip.tp" ] && [ ! -e "$WORK/flip.dcp" ] && [ ! -e "$WORK/flip.h5" ]'
+# A damaged other entry (cols2's int64 extra.ids, arange(5)): a DCP output
+# carries it only checked, as every item read is; nothing is written.
+cp -r "$DATA/cols2" "$WORK/flip_other"
+chmod -R u+w "$WORK/flip_other"
+OFFSET=$("$PY" -c 'import struct, sys; print(open(sys.argv[1], "rb").read().index(struct.pack("<5q", 0, 1, 2, 3, 4)) + 8)' \
+    "$WORK/flip_other/__0_0.distcp")
+flip_byte "$WORK/flip_other/__0_0.distcp" "$OFFSET"
+expect_error "a DCP output of a damaged other entry: refused, naming it and both CRC-32s" 1 \
+    "extra.ids: .*__0_0.distcp: entry archive/data/0: its [0-9]+ bytes have CRC-32 [0-9a-f]{8}, the archive records [0-9a-f]{8}" \
+    "$RS" "$WORK/flip_other" --to tp2 -o "$WORK/flip_other.dcp"
+check "nothing written from it" test ! -e "$WORK/flip_other.dcp"
 # A data file with a 1 TiB sparse tail that no item covers: verify says it
 # read and checked only the items, not the tail (it counted the tail).
 cp -r "$WORK/gpt.dcp" "$WORK/tail"
