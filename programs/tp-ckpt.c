@@ -1602,6 +1602,12 @@ static int cmd_copy(int argc, char **argv)
         die_usage("copy moves checkpoints to or from an object store; both %s and %s are local", source, target);
     int apart = cli_output_apart("tp-ckpt", source, target);
     if (apart) return apart;
+    /* A DCP checkpoint is read by every other command, but copied by none:
+     * said so, not "not a checkpoint". */
+    int is_dcp = 0;
+    if (!dcp_detect(source, &is_dcp) && is_dcp)
+        return fail("%s is a PyTorch distributed checkpoint: copy moves this toolkit's checkpoints (tp-reshard %s "
+                    "--to LAYOUT -o DST writes it to a store)", source, source);
     ckpt_reader *r = NULL;
     if (ckpt_reader_open(&r, source, NULL)) return fail("%s", tp_errmsg());
     char resolved[CKPT_PATH_MAX];
