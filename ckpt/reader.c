@@ -1407,6 +1407,77 @@ int ckpt_reader_is_foreign(const ckpt_reader *r)
     return r->foreign;
 }
 
+/* A box's start on the sweep axis, and its place in the list (the order
+ * among equal starts, so that the sort's result is one). */
+typedef struct {
+    int64_t start;
+    int64_t box;
+} swept_box;
+
+static int by_start(const void *x, const void *y)
+{
+    const swept_box *a = x, *b = y;
+    if (a->start != b->start) return a->start < b->start ? -1 : 1;
+    return (a->box > b->box) - (a->box < b->box);
+}
+
+/* The pairs of boxes the overlap check may compare, a chunk: a foreign
+ * index is untrusted, and a layout of chunks that defeats the sweep would
+ * otherwise hold the reader for hours (2^26 chunks: 2^51 pairs); bounded
+ * so, a whole checkpoint's check is bounded by its chunks (2^26: 2^34
+ * comparisons, about half a minute). A grid of chunks takes as many a
+ * chunk as it has chunks across the axis swept (tp x FSDP, 8 x 128: 8). */
+#define BOX_COMPARISONS_PER_BOX 256
+#define BOX_COMPARISONS_BASE 65536
+
+/* No two of the live boxes (order[0..live)) share an element. They are
+ * swept along the axis on which they are thinnest (the least sum of their
+ * extents over the piece's: the axis they are cut along), each compared
+ * with those that start on it before it ends there; a sort by start, not
+ * an insertion sort, as chunks in reverse order took it n^2 / 2 steps. */
+static int check_box_overlaps(const ckpt_foreign *src, const ckpt_tensor_desc *t, const ckpt_foreign_box *boxes,
+                              int ndim, const int64_t *shape, const int64_t *order, int64_t live)
+{
+    if (live < 2) return TP_OK;
+    int axis = 0;
+    double thinnest = 0;
+    for (int d = 0; d < ndim; d++) {
+        double extent = 0;
+        for (int64_t i = 0; i < live; i++) extent += (double)boxes[order[i]].count[d] / (double)shape[d];
+        if (d == 0 || extent < thinnest) {
+            thinnest = extent;
+            axis = d;
+        }
+    }
+    swept_box *swept = malloc((size_t)live * sizeof *swept);
+    if (!swept) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < live; i++) swept[i] = (swept_box){boxes[order[i]].start[axis], order[i]};
+    qsort(swept, (size_t)live, sizeof *swept, by_start);
+    int status = TP_OK;
+    int64_t comparisons = 0, most = BOX_COMPARISONS_PER_BOX * live + BOX_COMPARISONS_BASE;
+    for (int64_t i = 0; i < live && !status; i++) {
+        const ckpt_foreign_box *a = &boxes[swept[i].box];
+        for (int64_t j = i + 1; j < live && !status && swept[j].start < a->start[axis] + a->count[axis]; j++) {
+            if (++comparisons > most) {
+                status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s: its %lld chunks are laid out so that checking them for "
+                                 "overlaps takes more than %lld comparisons (%d a chunk; chunks cut along several "
+                                 "dimensions at once): refused unread", src->path, t->name, (long long)live,
+                                 (long long)most, BOX_COMPARISONS_PER_BOX);
+                break;
+            }
+            const ckpt_foreign_box *b = &boxes[swept[j].box];
+            int overlap = 1;
+            for (int d = 0; d < ndim && overlap; d++)
+                overlap = a->start[d] < b->start[d] + b->count[d] && b->start[d] < a->start[d] + a->count[d];
+            if (overlap)
+                status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s: two chunks overlap (at offsets %lld and %lld of dimension "
+                                 "%d)", src->path, t->name, (long long)a->start[axis], (long long)b->start[axis], axis);
+        }
+    }
+    free(swept);
+    return status;
+}
+
 /* Checks the boxes of a foreign piece of shape g (ckpt_foreign_box): inside
  * the piece and their files, clear of its padding, without overlaps, and
  * covering every other element; copies them into pr. */
@@ -1462,28 +1533,7 @@ static int take_boxes(const ckpt_foreign *src, const ckpt_tensor_desc *t, int pi
         if (volume) order[live++] = k;
         covered += volume;
     }
-    /* Overlaps: boxes in order of their first row, each against those that
-     * start before it ends. */
-    for (int64_t i = 1; i < live && !status; i++) { /* insertion sort: chunks come nearly sorted */
-        int64_t k = order[i], j = i;
-        while (j > 0 && boxes[order[j - 1]].start[0] > boxes[k].start[0]) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = k;
-    }
-    for (int64_t i = 0; i < live && !status; i++) {
-        const ckpt_foreign_box *a = &boxes[order[i]];
-        for (int64_t j = i + 1; j < live && !status && boxes[order[j]].start[0] < a->start[0] + a->count[0]; j++) {
-            const ckpt_foreign_box *b = &boxes[order[j]];
-            int overlap = 1;
-            for (int d = 0; d < ndim && overlap; d++)
-                overlap = a->start[d] < b->start[d] + b->count[d] && b->start[d] < a->start[d] + a->count[d];
-            if (overlap)
-                status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s: two chunks overlap (at offsets %lld and %lld of dimension 0)",
-                                 src->path, t->name, (long long)a->start[0], (long long)b->start[0]);
-        }
-    }
+    if (!status) status = check_box_overlaps(src, t, boxes, ndim, g->shape, order, live);
     if (!status && covered != data_elements)
         status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s: its chunks hold %lld elements, the tensor %lld (a chunk missing?)",
                          src->path, t->name, (long long)covered, (long long)data_elements);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../ckpt/ckpt.h"
 #include "../support/fixture.h"
@@ -314,4 +315,71 @@ Test(foreign, refusals_name_the_tensor)
     refused(no_file, 1, 0, 1024, "in no file");
     ckpt_foreign_box on_padding[1] = {{.file = 1, .offset = 0, .start = {0, 0}, .count = {3, 6}}};
     refused(on_padding, 1, 1, 1024, "padding");
+}
+
+/* A [rows, cols] fp32 tensor stored in one (sparse) file and described by
+ * the n boxes given; the open's status, its message in tp_errmsg(). */
+static int open_many_boxes(int64_t rows, int64_t cols, ckpt_foreign_box *boxes, int64_t n)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/chunks.bin", dir);
+    int64_t bytes = rows * cols * 4;
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(ftruncate(fileno(f), bytes), 0);
+    fclose(f);
+    ckpt_tensor_desc t = {.name = "model/w", .dtype = TP_FP32, .ndim = 2, .shape = {rows, cols},
+                          .anchor = CKPT_ANCHOR_FIRST};
+    ckpt_layout layout = {1, 1, 1, 1, 1};
+    const char *files[1] = {path};
+    int64_t box_first[2] = {0, n};
+    ckpt_foreign source = {.path = dir, .layout = layout, .num_tensors = 1, .tensors = &t, .num_files = 1,
+                           .files = files, .file_bytes = &bytes, .boxes = boxes, .box_first = box_first};
+    ckpt_reader *r = NULL;
+    int status = ckpt_reader_open_foreign(&r, &source, 0);
+    if (r) ckpt_reader_close(r);
+    return status;
+}
+
+/* A foreign index is untrusted: the overlap check of its chunks must end
+ * soon whatever their order and shapes. 200,000 one-element chunks of a
+ * [1, 200000] tensor in reverse order took the reader n^2 / 2 comparisons
+ * (all start at row 0: minutes); swept along the axis they are cut along,
+ * about n. The timeout is that bound's guard, not a speed target. */
+Test(foreign, chunks_cut_along_columns_in_reverse_checked_in_bounded_time, .timeout = 120)
+{
+    int64_t n = 200000;
+    ckpt_foreign_box *boxes = calloc((size_t)n, sizeof *boxes);
+    cr_assert_not_null(boxes);
+    for (int64_t k = 0; k < n; k++) {
+        int64_t col = n - 1 - k;
+        boxes[k] = (ckpt_foreign_box){.file = 0, .offset = col * 4, .start = {0, col}, .count = {1, 1}};
+    }
+    cr_assert_eq(open_many_boxes(1, n, boxes, n), TP_OK, "%s", tp_errmsg());
+    boxes[n - 1].start[1] = 1; /* column 0 left out, column 1 twice */
+    cr_assert_neq(open_many_boxes(1, n, boxes, n), TP_OK);
+    cr_assert(strstr(tp_errmsg(), "two chunks overlap") && strstr(tp_errmsg(), "of dimension 1"), "%s", tp_errmsg());
+    free(boxes);
+}
+
+/* A valid tiling that defeats any one sweep: N rows of [1, N/2] on the
+ * left, N/2 columns of [N, 1] on the right; along either axis one half of
+ * them all share their range (N^2 / 2 pairs). Refused, by its bound of
+ * 256 comparisons a chunk, naming the tensor (the reader before the bound
+ * took it, after 2^29 comparisons). */
+Test(foreign, chunks_cut_two_ways_refused_by_the_bound, .timeout = 120)
+{
+    int64_t side = 1 << 15, n = side + side / 2;
+    ckpt_foreign_box *boxes = calloc((size_t)n, sizeof *boxes);
+    cr_assert_not_null(boxes);
+    int64_t offset = 0;
+    for (int64_t row = 0; row < side; row++, offset += side / 2 * 4)
+        boxes[row] = (ckpt_foreign_box){.file = 0, .offset = offset, .start = {row, 0}, .count = {1, side / 2}};
+    for (int64_t col = 0; col < side / 2; col++, offset += side * 4)
+        boxes[side + col] = (ckpt_foreign_box){.file = 0, .offset = offset, .start = {0, side / 2 + col},
+                                               .count = {side, 1}};
+    cr_assert_neq(open_many_boxes(side, side, boxes, n), TP_OK, "refused");
+    cr_assert(strstr(tp_errmsg(), "model/w") && strstr(tp_errmsg(), "more than 12648448 comparisons (256 a chunk"), "%s",
+              tp_errmsg());
+    free(boxes);
 }
