@@ -204,6 +204,9 @@ typedef struct {
      * allow_nonfinite; the values are carried as they are. */
     int allow_nonfinite;
     import_nonfinite *nonfinite; /* when not NULL: what was found, whether refused or imported */
+    /* What the target's shapes were derived from ("config.json: hidden_size 64, ..."), said after a source of
+     * the wrong shape; NULL: nothing. */
+    const char *shapes_from;
 } import_options;
 
 void import_options_init(import_options *options);

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -854,6 +855,20 @@ static int larger_first(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : *(const int *)a - *(const int *)b;
 }
 
+/* A source of the wrong shape: the message, then what the expected shapes
+ * were derived from (a Hugging Face config.json's sizes), so that a wrong
+ * num_key_value_heads is told from a damaged tensor. */
+static int __attribute__((format(printf, 2, 3))) shape_refusal(const importer *im, const char *fmt, ...)
+{
+    char message[4096];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(message, sizeof message, fmt, args);
+    va_end(args);
+    const char *from = im->o ? im->o->shapes_from : NULL;
+    return tp_fail(TP_ERR_FORMAT, "%s%s%s", message, from ? "; the shapes expected follow " : "", from ? from : "");
+}
+
 /* The rows of tensor i's parts: where the target's segments give each
  * part's rows (fused QKV: [q, k, v]; SwiGLU: [gate, up]), each must have
  * its own, not only their sum (q and k of swapped widths would put K's rows
@@ -880,7 +895,7 @@ static int check_part_rows(const importer *im, int i, int64_t rows)
                               strcmp(s->file, first_file) ? " in " : "", strcmp(s->file, first_file) ? file : "");
     }
     if (wrong < 0)
-        return tp_fail(TP_ERR_FORMAT, "%s: the %d parts of %s have %lld rows together, expected %lld: %s", first_file,
+        return shape_refusal(im, "%s: the %d parts of %s have %lld rows together, expected %lld: %s", first_file,
                        e->num_parts, d->name, (long long)rows, (long long)d->shape[0], parts);
     const safetensors_info *s = &im->sources[i][wrong]->info;
     int64_t want[CKPT_MAX_DIMS];
@@ -892,7 +907,7 @@ static int check_part_rows(const importer *im, int i, int64_t rows)
     for (int k = 0; k < e->num_parts; k++)
         snprintf(widths + strlen(widths), sizeof widths - strlen(widths), "%s%lld",
                  !k ? "" : k == e->num_parts - 1 ? " and " : ", ", (long long)p->segments[k]);
-    return tp_fail(TP_ERR_FORMAT, "%s: tensor %s %s, expected %s (part %d of %d of %s, whose parts have %s rows: %s)",
+    return shape_refusal(im, "%s: tensor %s %s, expected %s (part %d of %d of %s, whose parts have %s rows: %s)",
                    first_file, s->name, got, shape, wrong + 1, e->num_parts, d->name, widths, parts);
 }
 
@@ -921,7 +936,7 @@ static int check_parts(importer *im, int i)
         int same = s->info.ndim == d->ndim;
         for (int k = 1; same && k < d->ndim; k++) same = s->info.shape[k] == d->shape[k];
         if (!same)
-            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s has %d dimensions of which the last is %lld; %s needs rows of "
+            return shape_refusal(im, "%s: tensor %s has %d dimensions of which the last is %lld; %s needs rows of "
                            "%lld",
                            s->info.file, s->info.name, s->info.ndim, (long long)s->info.shape[s->info.ndim - 1],
                            d->name, (long long)(d->ndim > 1 ? d->shape[d->ndim - 1] : 1));
@@ -960,7 +975,7 @@ static int check_sources(importer *im, int count)
             char want[160], got[160];
             ckpt_shape_text(expected, d->ndim, want, sizeof want);
             ckpt_shape_text(s->info.shape, s->info.ndim, got, sizeof got);
-            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s has shape %s, expected %s for %s", s->info.file, s->info.name,
+            return shape_refusal(im, "%s: tensor %s has shape %s, expected %s for %s", s->info.file, s->info.name,
                            got, want, d->name);
         }
         im->sources[i][0] = s;

@@ -1428,7 +1428,23 @@ int gpt_import_run(gpt_import *im, const import_options *options, const char *ou
     cJSON_Delete(source);
     int status = model_json ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     ckpt_train_state state = {0, 0, model_json, NULL, NULL, user};
-    if (!status) status = import_run(im->set, im->descs, im->sources, im->count, &im->layout, &state, options, out_path);
+    /* The sizes config.json gave, in its own keys: a tensor of the wrong
+     * shape may be a config that says another model. */
+    const gpt_config *c = &im->config;
+    char shapes_from[400];
+    if (c->arch == GPT_ARCH_LLAMA)
+        snprintf(shapes_from, sizeof shapes_from, "config.json: hidden_size %lld, num_attention_heads %lld, "
+                 "num_key_value_heads %lld (heads of %lld), intermediate_size %lld, vocab_size %lld", (long long)c->dim,
+                 (long long)c->heads, (long long)c->kv_heads, (long long)(c->dim / c->heads), (long long)c->ffn,
+                 (long long)c->vocab);
+    else
+        snprintf(shapes_from, sizeof shapes_from, "config.json: n_embd %lld, n_head %lld, n_inner %lld, n_positions "
+                 "%lld, vocab_size %lld", (long long)c->dim, (long long)c->heads, (long long)c->ffn,
+                 (long long)c->seq, (long long)c->vocab);
+    import_options with_config = *options;
+    with_config.shapes_from = shapes_from;
+    if (!status)
+        status = import_run(im->set, im->descs, im->sources, im->count, &im->layout, &state, &with_config, out_path);
     cJSON_free(model_json);
     return status;
 }

@@ -474,7 +474,7 @@ else:
 PYEOF
 }
 for case in "truncated:truncated" "overlap:overlaps tensor" "missing:tensor transformer.h.1.mlp.c_fc.bias .*is missing" \
-    "shape:has shape \[64, 250\], expected \[250, 64\]" "config:config.json: not a JSON object" \
+    "shape:has shape \[64, 250\], expected \[250, 64\] for .*; the shapes expected follow config.json: n_embd 64, n_head" "config:config.json: not a JSON object" \
     "activation:activation_function relu" "layers:357913942 layers: at most 100000" \
     "model_type:model_type is missing \(expected gpt2 or llama\)"; do
     kind=${case%%:*} pattern=${case#*:}

@@ -242,6 +242,9 @@ K_SHARD=$("$PY" "$WORK/st.py" shard-of "$WORK/sh" model.layers.0.self_attn.k_pro
 expect_error "a K projection of the wrong width: named with its shard and shapes" 1 \
     "sh-kv4/$K_SHARD: tensor model.layers.0.self_attn.k_proj.weight \[32, 64\], expected \[64, 64\] \(part 2 of 3 of model/layers.0.attn.qkv.weight, whose parts have 64, 64 and 64 rows: model.layers.0.self_attn.q_proj.weight \[64, 64\], model.layers.0.self_attn.k_proj.weight \[32, 64\], model.layers.0.self_attn.v_proj.weight \[32, 64\]\)" \
     "$CK" import "$WORK/sh-kv4" -o "$WORK/bad-kv4" --tp 1 --pp 1
+check "and with the sizes config.json gave, num_key_value_heads among them" grep -q \
+    "; the shapes expected follow config.json: hidden_size 64, num_attention_heads 4, num_key_value_heads 4 (heads of 16), intermediate_size " \
+    "$WORK/.err"
 
 cp -r "$WORK/sh" "$WORK/sh-swap"
 "$PY" "$WORK/st.py" swap-widths "$WORK/sh-swap"
