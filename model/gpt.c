@@ -86,6 +86,17 @@ static void append(char *text, size_t *n, size_t size, const char *format, ...)
     if (written > 0) *n = *n + (size_t)written < size ? *n + (size_t)written : size - 1;
 }
 
+/* v as the shortest %g that reads back as v: two settings that differ never
+ * print alike (%g's six digits said "norm_eps 1e-05" for 1e-5 and for
+ * 1.0000001e-5), and the usual ones print as given ("1e-05", "500000"). */
+static void exact_number(double v, char *out, size_t size)
+{
+    for (int digits = 6; digits <= 17; digits++) {
+        snprintf(out, size, "%.*g", digits, v);
+        if (strtod(out, NULL) == v) return;
+    }
+}
+
 /* The settings beyond the six sizes that same_model compares, said for one
  * side (c) where the two sides differ, so that a refusal never reads the same
  * on both: " kv_heads 2 untied embeddings ...". */
@@ -98,15 +109,19 @@ static void describe_difference(const gpt_config *c, const gpt_config *other, ch
     if (c->swiglu != other->swiglu) append(text, &n, size, " mlp %s", c->swiglu ? "swiglu" : "gelu");
     if (c->untied_embeddings != other->untied_embeddings)
         append(text, &n, size, " %s embeddings", c->untied_embeddings ? "untied" : "tied");
-    if (c->norm_eps != other->norm_eps) append(text, &n, size, " norm_eps %g", c->norm_eps);
-    if (c->rope_theta != other->rope_theta) append(text, &n, size, " rope_theta %g", c->rope_theta);
+    char a[32], b[32], d[32];
+    exact_number(c->norm_eps, a, sizeof a);
+    if (c->norm_eps != other->norm_eps) append(text, &n, size, " norm_eps %s", a);
+    exact_number(c->rope_theta, a, sizeof a);
+    if (c->rope_theta != other->rope_theta) append(text, &n, size, " rope_theta %s", a);
     if (c->rope_scaling_factor != other->rope_scaling_factor ||
         c->rope_low_freq_factor != other->rope_low_freq_factor ||
         c->rope_high_freq_factor != other->rope_high_freq_factor || c->rope_original_seq != other->rope_original_seq) {
+        exact_number(c->rope_scaling_factor, a, sizeof a);
+        exact_number(c->rope_low_freq_factor, b, sizeof b);
+        exact_number(c->rope_high_freq_factor, d, sizeof d);
         if (c->rope_scaling_factor == 0) append(text, &n, size, " rope_scaling none");
-        else
-            append(text, &n, size, " rope_scaling %g,%g,%g,%lld", c->rope_scaling_factor, c->rope_low_freq_factor,
-                   c->rope_high_freq_factor, (long long)c->rope_original_seq);
+        else append(text, &n, size, " rope_scaling %s,%s,%s,%lld", a, b, d, (long long)c->rope_original_seq);
     }
 }
 

@@ -625,6 +625,9 @@ Test(options, another_model_is_named_by_what_differs)
         {{"model", "llama-tiny", "kv-heads", "1", NULL}, "kv_heads 2", "kv_heads 1"},
         {{"model", "llama-tiny", "tied-embeddings", NULL, NULL}, "untied embeddings", "tied embeddings"},
         {{"model", "llama-tiny", "norm-eps", "1e-6", NULL}, "norm_eps 1e-05", "norm_eps 1e-06"},
+        /* apart beyond %g's six digits: each side's own digits */
+        {{"model", "llama-tiny", "norm-eps", "1.0000001e-5", NULL}, "norm_eps 1e-05", "norm_eps 1.0000001e-05"},
+        {{"model", "llama-tiny", "rope-theta", "10000.5", NULL}, "rope_theta 10000,", "rope_theta 10000.5"},
         {{"model", "llama-tiny", "rope-theta", "500000", NULL}, "rope_theta 10000", "rope_theta 500000"},
         {{"model", "llama-tiny", "rope-scaling", "8", NULL}, "rope_scaling none", "rope_scaling 8,1,4,8192"},
         {{"arch", "gpt", "layers", "2", "dim", "64", NULL}, "arch llama", "arch gpt"},
