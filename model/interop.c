@@ -583,7 +583,6 @@ static int tokenizer_missing(void)
 
 #define GGUF_TOKEN_USER_DEFINED 4
 
-/* A JSON file of DIR, parsed; NULL in *out when absent and optional. */
 /* Whether the tokenizer directory dir (a local one or a store's URL)
  * holds the file name. */
 static int tokenizer_file_exists(const char *dir, const char *name, int *exists)
@@ -595,6 +594,7 @@ static int tokenizer_file_exists(const char *dir, const char *name, int *exists)
     return store_exists(store, path, exists);
 }
 
+/* A JSON file of DIR, parsed; NULL in *out when absent and optional. */
 static int read_json(const char *dir, const char *name, int optional, cJSON **out)
 {
     char path[4200];
