@@ -341,8 +341,9 @@ static int build_entries(writer *w)
             else if (!same)
                 status = tp_fail(TP_ERR_LAYOUT, "tensors %s and %s, stacked under %s, differ in shape or dtype", a->name,
                                  t->name, w->keys[k]);
-            else if (m > g && w->stack_index[k] == w->stack_index[order[m - 1]])
-                status = tp_fail(TP_ERR_LAYOUT, "tensors %s and %s both take place %lld of %s", a->name, t->name,
+            else if (m > g && w->stack_index[k] == w->stack_index[order[m - 1]]) /* t and the one before it */
+                status = tp_fail(TP_ERR_LAYOUT, "tensors %s and %s both take place %lld of %s",
+                                 ckpt_reader_tensor(w->source, w->tensors[order[m - 1]])->name, t->name,
                                  (long long)w->stack_index[k], w->keys[k]);
         }
         if (!status && w->stack_index[order[g]] >= 0 && h - g != w->stack_size[order[g]])

@@ -96,6 +96,7 @@ Test(megatron_dist_write, core_keys_read_back_as_their_canonical_names)
 typedef struct {
     int64_t stack;         /* the size of the leading axis said */
     int same_place;        /* every tensor says place 0 */
+    int last_on_middle;    /* w.2 says place 1, w.1's */
 } stacking;
 
 typedef struct {
@@ -110,6 +111,7 @@ static int stack_key_of(void *ctx, int tensor, char *key, size_t size, int64_t *
     snprintf(key, size, "w");
     *skip = 0;
     *index = c->s.same_place ? 0 : atoi(strchr(name, '.') + 1);
+    if (c->s.last_on_middle && *index == 2) *index = 1;
     *stack = c->s.stack;
     return TP_OK;
 }
@@ -180,6 +182,10 @@ Test(megatron_dist_write, stacked_entries_read_back_by_layer)
     ctx.s = (stacking){.stack = 3, .same_place = 1};
     cr_assert_eq(dcp_write_plan_create(source, &options, &plan), TP_ERR_LAYOUT);
     cr_assert(strstr(tp_errmsg(), "both take place 0 of w") != NULL, "%s", tp_errmsg());
+    /* The two that take one place named, not the stack's first and one of them. */
+    ctx.s = (stacking){.stack = 3, .last_on_middle = 1};
+    cr_assert_eq(dcp_write_plan_create(source, &options, &plan), TP_ERR_LAYOUT);
+    cr_assert(strstr(tp_errmsg(), "tensors w.1 and w.2 both take place 1 of w") != NULL, "%s", tp_errmsg());
     ctx.s = (stacking){.stack = 0};
     cr_assert_eq(dcp_write_plan_create(source, &options, &plan), TP_ERR_LAYOUT, "unstacked under one key");
     cr_assert(strstr(tp_errmsg(), "two tensors are written under the key w") != NULL, "%s", tp_errmsg());
