@@ -433,6 +433,11 @@ int dcp_entry_is_tensor(const dcp_entry *e)
     return 1;
 }
 
+int dcp_entry_is_other(const dcp_entry *e)
+{
+    return !dcp_entry_is_tensor(e) && strcmp(e->key, DCP_INDEX_KEY);
+}
+
 int dcp_num_files(const dcp_checkpoint *dcp)
 {
     return dcp->num_files;

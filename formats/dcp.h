@@ -82,6 +82,10 @@ int dcp_find(const dcp_checkpoint *dcp, const char *key);
 /* Whether an entry is read as a tensor of this project (else an other entry):
  * fp32, bf16 or fp16, of 1 to 8 dimensions, none of size 0. */
 int dcp_entry_is_tensor(const dcp_entry *entry);
+/* Whether an entry is an other entry (not read as a tensor, and not the
+ * description DCP_INDEX_KEY): what info lists, diff leaves uncompared and a
+ * DCP output carries. */
+int dcp_entry_is_other(const dcp_entry *entry);
 
 int dcp_num_files(const dcp_checkpoint *dcp);
 /* Name (relative to the directory) and size in bytes of data file i. */

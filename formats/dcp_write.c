@@ -151,10 +151,6 @@ static int add_chunk(writer *w, int64_t *capacity, out_chunk c, int stage, int t
     return TP_OK;
 }
 
-static int is_other(const dcp_entry *e)
-{
-    return !dcp_entry_is_tensor(e) && strcmp(e->key, DCP_INDEX_KEY);
-}
 
 /* The chunks of every tensor written, and their order by file. */
 static int plan_chunks(writer *w, dcp_write_plan *plan)
@@ -286,7 +282,7 @@ static int key_taken(const writer *w, const char *key)
     const dcp_checkpoint *others = w->options->others_from;
     if (!(hooks && hooks->no_description) && !strcmp(key, DCP_INDEX_KEY)) return 1;
     int other = others ? dcp_find(others, key) : -1;
-    if (other >= 0 && is_other(dcp_entry_at(others, other)) &&
+    if (other >= 0 && dcp_entry_is_other(dcp_entry_at(others, other)) &&
         !(hooks && hooks->carry && !hooks->carry(hooks->ctx, dcp_entry_at(others, other))))
         return 1;
     for (int o = 0; hooks && o < hooks->num_objects; o++)
@@ -379,7 +375,7 @@ static int build_entries(writer *w)
 /* Whether other entry e of the DCP source goes along. */
 static int carried_along(const writer *w, const dcp_entry *e)
 {
-    return is_other(e) && !(w->hooks && w->hooks->carry && !w->hooks->carry(w->hooks->ctx, e));
+    return dcp_entry_is_other(e) && !(w->hooks && w->hooks->carry && !w->hooks->carry(w->hooks->ctx, e));
 }
 
 /* The layout, the chunks and the entries of a write; w->source and

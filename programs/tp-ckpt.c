@@ -351,7 +351,7 @@ static int info_dcp(const char *path, int json)
     const char *torch = dcp_torch_version_of(d) == DCP_TORCH_1_13 ? "1.13" : "2";
     int others = 0;
     for (int i = 0; i < dcp_num_entries(d); i++)
-        others += !dcp_entry_is_tensor(dcp_entry_at(d, i)) && strcmp(dcp_entry_at(d, i)->key, DCP_INDEX_KEY);
+        others += dcp_entry_is_other(dcp_entry_at(d, i));
     int code = 0;
     if (json) {
         cJSON *root = index_object(r);
@@ -365,7 +365,7 @@ static int info_dcp(const char *path, int json)
             cJSON *list = cJSON_AddArrayToObject(root, "others");
             for (int i = 0; i < dcp_num_entries(d); i++) {
                 const dcp_entry *e = dcp_entry_at(d, i);
-                if (dcp_entry_is_tensor(e) || !strcmp(e->key, DCP_INDEX_KEY)) continue;
+                if (!dcp_entry_is_other(e)) continue;
                 cJSON *o = cJSON_CreateObject();
                 cJSON_AddStringToObject(o, "key", e->key);
                 cJSON_AddStringToObject(o, "kind", e->kind == DCP_BYTES ? "bytes" : torch_dtype_name(e->dtype));
@@ -393,7 +393,7 @@ static int info_dcp(const char *path, int json)
         if (others) printf("\n%-44s %-10s %s\n", "other entries (carried by a DCP output)", "kind", "shape");
         for (int i = 0; i < dcp_num_entries(d); i++) {
             const dcp_entry *e = dcp_entry_at(d, i);
-            if (dcp_entry_is_tensor(e) || !strcmp(e->key, DCP_INDEX_KEY)) continue;
+            if (!dcp_entry_is_other(e)) continue;
             char shape[64] = "";
             if (e->kind == DCP_TENSOR) ckpt_shape_text(e->shape, e->ndim, shape, sizeof shape);
             printf("%-44s %-10s %s\n", e->key, e->kind == DCP_BYTES ? "bytes" : torch_dtype_name(e->dtype), shape);
@@ -902,7 +902,7 @@ static int diff_other_entries(const formats_source *source)
     const dcp_checkpoint *d = strcmp(formats_source_format(source)->name, "dcp") ? NULL : formats_source_dcp(source);
     int n = 0;
     for (int i = 0; d && i < dcp_num_entries(d); i++)
-        n += !dcp_entry_is_tensor(dcp_entry_at(d, i)) && strcmp(dcp_entry_at(d, i)->key, DCP_INDEX_KEY);
+        n += dcp_entry_is_other(dcp_entry_at(d, i));
     return n;
 }
 
