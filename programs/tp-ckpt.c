@@ -1602,12 +1602,16 @@ static int cmd_copy(int argc, char **argv)
         die_usage("copy moves checkpoints to or from an object store; both %s and %s are local", source, target);
     int apart = cli_output_apart("tp-ckpt", source, target);
     if (apart) return apart;
-    /* A DCP checkpoint is read by every other command, but copied by none:
-     * said so, not "not a checkpoint". */
-    int is_dcp = 0;
-    if (!dcp_detect(source, &is_dcp) && is_dcp)
-        return fail("%s is a PyTorch distributed checkpoint: copy moves this toolkit's checkpoints (tp-reshard %s "
-                    "--to LAYOUT -o DST writes it to a store)", source, source);
+    /* Another tool's checkpoint (DCP, Megatron-LM's, Megatron-Core's) is
+     * read by every other command, but copied by none: said so, not "not a
+     * checkpoint" (a Megatron-LM one still was after DCP's was named). */
+    const checkpoint_format *format = NULL;
+    if (!formats_detect(source, &format) && strcmp(format->name, "tp")) {
+        size_t n = strlen(format->title); /* "PyTorch distributed checkpoint" says it already */
+        int named = n >= 10 && !strcmp(format->title + n - 10, "checkpoint");
+        return fail("%s is a %s%s: copy moves this toolkit's checkpoints (tp-reshard %s --to LAYOUT -o DST writes it "
+                    "to a store)", source, format->title, named ? "" : " checkpoint", source);
+    }
     ckpt_reader *r = NULL;
     if (ckpt_reader_open(&r, source, NULL)) return fail("%s", tp_errmsg());
     char resolved[CKPT_PATH_MAX];

@@ -337,6 +337,12 @@ expect_error "a .metadata that is not a Metadata" 1 "\.metadata: holds a dict, n
 expect_error "copy of a DCP checkpoint: not 'not a checkpoint', but what copy moves and what writes DCP to a store" 1 \
     "gpt.dcp is a PyTorch distributed checkpoint: copy moves this toolkit's checkpoints \\(tp-reshard .* -o DST" \
     "$CK" copy "$WORK/gpt.dcp" "http://127.0.0.1:9/unreached"
+# Megatron-LM's too (it said "not a checkpoint: no index.json ..."), as
+# tp-ckpt info and tp-reshard read it.
+expect_ok "a Megatron-LM checkpoint of the synthesis" "$RS" "$WORK/gpt" --format megatron --to tp2pp2 -o "$WORK/gpt.megatron"
+expect_error "copy of a Megatron-LM checkpoint: named as one, not 'not a checkpoint'" 1 \
+    "gpt.megatron is a Megatron-LM legacy checkpoint: copy moves this toolkit's checkpoints \\(tp-reshard .* -o DST" \
+    "$CK" copy "$WORK/gpt.megatron" "http://127.0.0.1:9/unreached"
 expect_error "--dcp-torch of another version" 2 "--dcp-torch: .*'3'" "$RS" "$WORK/gpt" --format dcp --dcp-torch 3 --to tp1
 expect_error "an existing output without --force" 1 "exists" "$RS" "$WORK/gpt" --format dcp --to tp1 -o "$WORK/gpt.dcp"
 expect_error "--force does not replace what is not a DCP checkpoint (one of ours)" 1 \
