@@ -33,6 +33,15 @@ static void expect_shares(const double *share, const double *expected, int64_t v
                   (long long)t, share[t], expected[t]);
 }
 
+/* The draws over the grid against expected[] (see expect_shares). */
+static void expect_draws(const float *logits, int64_t vocab, sampling_options sampling, const double *expected,
+                         const char *what)
+{
+    double share[MAX_VOCAB];
+    shares(logits, vocab, sampling, share);
+    expect_shares(share, expected, vocab, what);
+}
+
 /* Logits whose probabilities at temperature 1 are 1 : 3 : 2 : 4 (tokens 0..3). */
 static void weights_1324(float *logits)
 {
@@ -52,60 +61,54 @@ Test(sampling, every_token_in_proportion_without_narrowing)
 {
     float logits[4];
     weights_1324(logits);
-    double share[4];
-    shares(logits, 4, (sampling_options){.temperature = 1, .top_k = 0, .top_p = 1}, share);
-    expect_shares(share, (const double[]){0.1, 0.3, 0.2, 0.4}, 4, "temperature 1");
+    expect_draws(logits, 4, (sampling_options){.temperature = 1, .top_k = 0, .top_p = 1},
+                 (const double[]){0.1, 0.3, 0.2, 0.4}, "temperature 1");
     /* Temperature 2 takes the square roots of the weights. */
-    shares(logits, 4, (sampling_options){.temperature = 2, .top_k = 4, .top_p = 1}, share);
     double root_total = 1 + sqrt(3) + sqrt(2) + 2;
-    expect_shares(share, (const double[]){1 / root_total, sqrt(3) / root_total, sqrt(2) / root_total, 2 / root_total}, 4,
-                  "temperature 2, top-k the whole vocabulary");
+    expect_draws(logits, 4, (sampling_options){.temperature = 2, .top_k = 4, .top_p = 1},
+                 (const double[]){1 / root_total, sqrt(3) / root_total, sqrt(2) / root_total, 2 / root_total},
+                 "temperature 2, top-k the whole vocabulary");
 }
 
 Test(sampling, top_k_keeps_the_k_most_likely_renormalized)
 {
     float logits[4];
     weights_1324(logits);
-    double share[4];
-    shares(logits, 4, (sampling_options){.temperature = 1, .top_k = 2, .top_p = 1}, share);
-    expect_shares(share, (const double[]){0, 3.0 / 7, 0, 4.0 / 7}, 4, "top-k 2");
-    shares(logits, 4, (sampling_options){.temperature = 5, .top_k = 1, .top_p = 1}, share);
-    expect_shares(share, (const double[]){0, 0, 0, 1}, 4, "top-k 1 at temperature 5");
+    expect_draws(logits, 4, (sampling_options){.temperature = 1, .top_k = 2, .top_p = 1},
+                 (const double[]){0, 3.0 / 7, 0, 4.0 / 7}, "top-k 2");
+    expect_draws(logits, 4, (sampling_options){.temperature = 5, .top_k = 1, .top_p = 1},
+                 (const double[]){0, 0, 0, 1}, "top-k 1 at temperature 5");
 }
 
 Test(sampling, top_k_among_equal_logits_keeps_the_lower_ids)
 {
     const float logits[5] = {2, 5, 1, 5, 5};
-    double share[5];
-    shares(logits, 5, (sampling_options){.temperature = 1, .top_k = 2, .top_p = 1}, share);
-    expect_shares(share, (const double[]){0, 0.5, 0, 0.5, 0}, 5, "top-k 2 of three equal");
+    expect_draws(logits, 5, (sampling_options){.temperature = 1, .top_k = 2, .top_p = 1},
+                 (const double[]){0, 0.5, 0, 0.5, 0}, "top-k 2 of three equal");
 }
 
 Test(sampling, top_p_keeps_the_fewest_most_likely_reaching_p)
 {
     float logits[4];
     weights_1324(logits);
-    double share[4];
     /* Ranked 0.4 (token 3), 0.3 (1), 0.2 (2), 0.1 (0). */
-    shares(logits, 4, (sampling_options){.temperature = 1, .top_k = 0, .top_p = 0.35}, share);
-    expect_shares(share, (const double[]){0, 0, 0, 1}, 4, "top-p 0.35: the first alone");
-    shares(logits, 4, (sampling_options){.temperature = 1, .top_k = 0, .top_p = 0.5}, share);
-    expect_shares(share, (const double[]){0, 3.0 / 7, 0, 4.0 / 7}, 4, "top-p 0.5: 0.4 is short of it");
-    shares(logits, 4, (sampling_options){.temperature = 1, .top_k = 0, .top_p = 0.75}, share);
-    expect_shares(share, (const double[]){0, 3.0 / 9, 2.0 / 9, 4.0 / 9}, 4, "top-p 0.75");
-    shares(logits, 4, (sampling_options){.temperature = 1, .top_k = 0, .top_p = 1e-9}, share);
-    expect_shares(share, (const double[]){0, 0, 0, 1}, 4, "top-p near 0 keeps the first");
+    expect_draws(logits, 4, (sampling_options){.temperature = 1, .top_k = 0, .top_p = 0.35},
+                 (const double[]){0, 0, 0, 1}, "top-p 0.35: the first alone");
+    expect_draws(logits, 4, (sampling_options){.temperature = 1, .top_k = 0, .top_p = 0.5},
+                 (const double[]){0, 3.0 / 7, 0, 4.0 / 7}, "top-p 0.5: 0.4 is short of it");
+    expect_draws(logits, 4, (sampling_options){.temperature = 1, .top_k = 0, .top_p = 0.75},
+                 (const double[]){0, 3.0 / 9, 2.0 / 9, 4.0 / 9}, "top-p 0.75");
+    expect_draws(logits, 4, (sampling_options){.temperature = 1, .top_k = 0, .top_p = 1e-9},
+                 (const double[]){0, 0, 0, 1}, "top-p near 0 keeps the first");
 }
 
 Test(sampling, top_p_counts_the_probabilities_top_k_left)
 {
     float logits[4];
     weights_1324(logits);
-    double share[4];
-    /* top-k 3 leaves 4 : 3 : 2 (4/9, 3/9, 2/9); top-p 0.6 then keeps 4 and 3
-     * (4/9 is short of 0.6, 7/9 reaches it). Over the whole vocabulary,
-     * 0.4 + 0.3 = 0.7 reaches 0.6 as well, so also check 0.75: over the
-     * three kept 7/9 reaches it, over all four 0.7 would not. */
-    shares(logits, 4, (sampling_options){.temperature = 1, .top_k = 3, .top_p = 0.75}, share);
-    expect_shares(share, (const double[]){0, 3.0 / 7, 0, 4.0 / 7}, 4, "top-k 3 then top-p 0.75");
+    /* top-k 3 leaves 4 : 3 : 2 (4/9, 3/9, 2/9); top-p 0.75 then keeps 4 and
+     * 3 (4/9 is short of it, 7/9 reaches it). Counted over all four tokens,
+     * 0.4 + 0.3 = 0.7 would fall short and keep token 2 as well. */
+    expect_draws(logits, 4, (sampling_options){.temperature = 1, .top_k = 3, .top_p = 0.75},
+                 (const double[]){0, 3.0 / 7, 0, 4.0 / 7}, "top-k 3 then top-p 0.75");
 }
