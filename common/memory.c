@@ -1,10 +1,12 @@
 /* memory.c: page-aligned allocation, per-thread scratch buffers and the
  * process's resident memory. */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "memory.h"
@@ -122,11 +124,18 @@ int array_reserve(void **items, int *capacity, int needed, size_t item_size)
 
 int64_t resident_bytes(void)
 {
-    FILE *f = fopen("/proc/self/statm", "r");
+    /* read(2) into the stack, not stdio: a FILE's buffer is a heap block,
+     * and a measure of the memory should not move it (under
+     * AddressSanitizer each freed buffer stayed resident in its quarantine,
+     * 4 KiB more at every measure). */
+    char text[128];
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    text[n] = '\0';
     long pages = 0, resident = 0;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-        fclose(f);
-    }
-    return (int64_t)resident * 4096;
+    if (sscanf(text, "%ld %ld", &pages, &resident) != 2) return 0;
+    return (int64_t)resident * sysconf(_SC_PAGESIZE);
 }

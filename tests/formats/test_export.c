@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../../common/memory.h"
 #include "../../kernels/kernels.h"
 #include "../../formats/formats.h"
 #include "../../reshard/reshard.h"
@@ -723,20 +724,23 @@ static int64_t smallest_memory_limit(ckpt_reader *r, const export_tensor *specs,
 }
 
 /* export_run with memory_limit about `margin` bytes above the smallest
- * accepted one. The process's own memory may grow a little between the
- * bisection and the run (AddressSanitizer's quarantine keeps what the probes
- * freed), so a refusal raises the limit by a quarter of the margin (16 KiB
- * at least) and tries again: the first limit that plans leaves about margin
- * bytes for the buffers whatever the drift. */
+ * accepted one. The process's own memory grows between the bisection and
+ * the run (AddressSanitizer's quarantine keeps what each refused try freed:
+ * 16 to 20 KiB a try, as much as a fixed step of 16 KiB, so 64 such steps
+ * fell short), so a refusal raises the limit by what the process has grown
+ * since the bisection, and a page more each try: the limit that plans leaves about
+ * margin bytes for the buffers whatever the drift. */
 static void export_tight(ckpt_reader *r, const export_tensor *specs, int count, export_options *options,
                          int64_t margin, const char *out, export_summary *summary)
 {
-    options->memory_limit = smallest_memory_limit(r, specs, count, options) + margin;
-    int64_t step = margin / 4 > 16384 ? margin / 4 : 16384;
+    int64_t least = smallest_memory_limit(r, specs, count, options), held = resident_bytes();
+    options->memory_limit = least + margin;
     int status = TP_ERR_ARG;
     for (int attempt = 0; attempt < 64 && status == TP_ERR_ARG; attempt++) {
         status = export_run(r, specs, count, options, out, summary);
-        if (status == TP_ERR_ARG) options->memory_limit += step;
+        int64_t grown = resident_bytes() - held;
+        if (status == TP_ERR_ARG)
+            options->memory_limit = least + margin + (grown > 0 ? grown : 0) + 4096 * (int64_t)(attempt + 1);
     }
     cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
 }
