@@ -1059,6 +1059,16 @@ static int cmd_diff(int argc, char **argv)
         (formats_source_format(source_a)->pads_vocabulary || formats_source_format(source_b)->pads_vocabulary))
         fprintf(stderr, "tp-ckpt: note: a Megatron checkpoint's tables hold its vocabulary padded; with "
                 "--true-vocab-size N their first N rows are compared\n");
+    /* Two formats' checkpoints of one model name their tensors each by its
+     * own tool's rule (model/layers.0.attn.qkv.weight against Megatron's
+     * layers.0.attention.qkv.weight, its QKV in other rows): nothing is in
+     * common, and a list of "only in" lines would read as two models. */
+    const checkpoint_format *format_a = formats_source_format(source_a), *format_b = formats_source_format(source_b);
+    if (n == 0 && na > 0 && nb > 0 && format_a != format_b)
+        fprintf(stderr, "tp-ckpt: note: no tensor name is common to A (%s) and B (%s): each names its tensors by its "
+                "own tool's rule; convert one side to the other's format (tp-ckpt import for a Megatron GPT or Llama, "
+                "tp-reshard --format for this toolkit's GPT; docs/TOOLS.md) and compare that\n",
+                format_a->title, format_b->title);
     free(diffs);
     formats_source_close(source_a);
     formats_source_close(source_b);

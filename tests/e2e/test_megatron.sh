@@ -361,6 +361,11 @@ expect_ok "no optimizer, the RNG states carried, and its args say so" saved_flag
 expect_ok "this toolkit's GPT as Megatron's (weights only)" "$CK" synth -o "$WORK/gpt_for_meg" --tp 1 --pp 1 --model tiny
 expect_ok "written" "$RS" "$WORK/gpt_for_meg" --format megatron --to tp2 -o "$WORK/gpt_meg"
 expect_ok "its args say it holds neither" saved_flags "$WORK/gpt_meg" True True
+run "$CK" diff "$WORK/gpt_for_meg" "$WORK/gpt_meg"
+check_all "diff of the GPT against its Megatron output: no name in common, exit 1 ($RC)" '[ $RC -eq 1 ] && ! grep -q "^equal" "$WORK/.out"'
+check "diff says the two formats name their tensors each by its own rule, and how to compare them" grep -q \
+    "note: no tensor name is common to A (tp-toolkit) and B (Megatron-LM legacy): each names its tensors by its own tool's rule; convert one side" \
+    "$WORK/.err"
 expect_ok "fixture: fp32 with the optimizer, SwiGLU, untied" "$PY" "$FIXTURE" "$WORK/f" --tp 2 --pp 1 --layers 2 --hidden 32 \
     --heads 4 --ffn 64 --vocab 90 --make-vocab-size-divisible-by 16 --swiglu --untied --optimizer --dtype fp32 \
     --full "$WORK/f.full.pt"
