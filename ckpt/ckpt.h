@@ -27,6 +27,7 @@
 #include "../common/dtype.h"
 #include "../common/error.h"
 #include "../common/path.h"
+#include "../kernels/kernels.h"
 #include "../store/staging.h"
 #include "../store/store.h"
 
@@ -180,6 +181,28 @@ int64_t ckpt_padded_bytes(const ckpt_tensor_desc *tensor, int tp);
 /* A shape as listings and messages write it, "[192, 64]" (cut to size). */
 void ckpt_shape_text(const int64_t *shape, int ndim, char *out, size_t size);
 
+/* NaN and infinite values found in the sources of a conversion into this
+ * format (tp-ckpt import of a Hugging Face model or of a Megatron
+ * checkpoint, tp-reshard of another tool's), which refuses them before the
+ * commit unless told to carry them (--allow-nonfinite): the one sentence
+ * that says what was found, built source tensor by source tensor. */
+typedef struct {
+    int tensors;         /* source tensors holding any; 0: none */
+    int64_t values;      /* their NaNs and infinities together */
+    size_t first_length; /* of summary's sentence about the first */
+    char summary[1024];  /* the first of them: its file, name and shape, how many NaNs and infinities, the first's
+                          * [row, col] (or index); then how many tensors in all */
+} ckpt_nonfinite;
+
+void ckpt_nonfinite_init(ckpt_nonfinite *found);
+/* Notes what a source tensor holds (first: the flat row-major index in
+ * shape); the first tensor noted that holds any is the one named, in file. */
+void ckpt_nonfinite_note(ckpt_nonfinite *found, const char *file, const char *name, const int64_t *shape, int ndim,
+                         convert_nonfinite counted);
+/* TP_OK when nothing was found or allow; else TP_ERR_FORMAT: the summary,
+ * "nothing DONE", and that --allow-nonfinite CARRIES them as they are. */
+int ckpt_nonfinite_check(const ckpt_nonfinite *found, int allow, const char *done, const char *carries);
+
 /* Rows per checksum block (and zstd chunk) in pieces a writer stores at
  * degree tp: about 1 MiB of data, at least one row. */
 int64_t ckpt_piece_block_rows(const ckpt_tensor_desc *tensor, int tp);
@@ -252,6 +275,11 @@ typedef struct {
     /* With overwrite: seconds a commit waits for the readers of the
      * checkpoint it replaces to finish (0, the default: refused at once). */
     double wait_for_readers;
+    /* 1: count the NaNs and infinities of every tensor's rows as they are
+     * written, in the pass that computes their logical digest (replicas and
+     * padding left out), for ckpt_writer_nonfinite before the commit: the
+     * conversion of another tool's checkpoint refuses them (default 0). */
+    int count_nonfinite;
 } ckpt_write_options;
 
 void ckpt_write_options_init(ckpt_write_options *options);
@@ -287,6 +315,11 @@ int ckpt_writer_put_piece(ckpt_writer *writer, int tensor_id, int piece, const v
 /* Writes rows [row_start, row_start + row_count) of a piece. */
 int ckpt_writer_put_rows(ckpt_writer *writer, int tensor_id, int piece, int64_t row_start,
                          int64_t row_count, const void *data);
+
+/* With count_nonfinite: the NaNs and infinities of the rows of tensor
+ * tensor_id written so far, first the flat row-major index of the earliest
+ * in the logical tensor (-1: none). */
+convert_nonfinite ckpt_writer_nonfinite(ckpt_writer *writer, int tensor_id);
 
 /* Checks every piece is complete, syncs, writes index.json and atomically
  * renames the checkpoint into place (then updates `latest` if asked). Frees
@@ -441,6 +474,10 @@ typedef struct ckpt_foreign_box {
 } ckpt_foreign_box;
 
 int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int compute_digests);
+/* The path of the file that holds flat row-major element `element` of
+ * tensor index's logical tensor (a foreign checkpoint's rank file or
+ * chunk's data file; the shard file's name in this format), or NULL. */
+const char *ckpt_reader_element_file(const ckpt_reader *reader, int index, int64_t element);
 /* Whether the reader reads a foreign checkpoint (no checksums of its own). */
 int ckpt_reader_is_foreign(const ckpt_reader *reader);
 /* The checksums a foreign checkpoint records (ckpt_foreign.checks) of what

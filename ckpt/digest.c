@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../common/random.h"
+#include "../kernels/kernels.h"
 #include "internal.h"
 
 #define DIGEST_SPAN 4096
@@ -46,9 +47,14 @@ DIGEST_KERNEL static uint64_t span_sum16(const uint16_t *x, const uint32_t *k, i
     return sum;
 }
 
-uint64_t ckpt_digest_run(const void *data, size_t element_size, int64_t first, int64_t n)
+/* The digest of a run (ckpt_digest_run), and with found (not NULL) its NaNs
+ * and infinities added to *found (first: the flat logical index), each span
+ * counted as soon as the digest has read it: up to 16 KiB, still in the L1
+ * cache, so that the count reads no memory the digest did not. */
+static uint64_t digest_run(const void *data, tp_dtype dtype, int64_t first, int64_t n, convert_nonfinite *found)
 {
     pthread_once(&keys_once, init_keys);
+    size_t element_size = tp_dtype_size(dtype);
     const char *bytes = data;
     uint64_t digest = 0;
     while (n > 0) {
@@ -57,6 +63,7 @@ uint64_t ckpt_digest_run(const void *data, size_t element_size, int64_t first, i
         uint64_t sum = element_size == 4 ? span_sum32((const uint32_t *)bytes, keys + position, take)
                                          : span_sum16((const uint16_t *)bytes, keys + position, take);
         digest += sum * ckpt_digest_block_key((uint64_t)(first / DIGEST_SPAN));
+        if (found) convert_nonfinite_add(found, numbers_nonfinite(bytes, dtype, take), first);
         bytes += take * (int64_t)element_size;
         first += take;
         n -= take;
@@ -64,25 +71,38 @@ uint64_t ckpt_digest_run(const void *data, size_t element_size, int64_t first, i
     return digest;
 }
 
+uint64_t ckpt_digest_run(const void *data, size_t element_size, int64_t first, int64_t n)
+{
+    /* The digest reads bits: any dtype of the size does (BF16 and FP16 alike). */
+    return digest_run(data, element_size == 4 ? TP_FP32 : TP_BF16, first, n, NULL);
+}
+
 typedef struct {
     const char *data;
-    size_t element_size;
+    tp_dtype dtype;
     uint64_t sum;
+    convert_nonfinite *found;
 } digest_walk;
 
 static int add_run(void *ctx, int64_t offset, int64_t logical_first, int64_t n)
 {
     digest_walk *w = ctx;
     if (logical_first >= 0)
-        w->sum += ckpt_digest_run(w->data + offset * (int64_t)w->element_size, w->element_size, logical_first, n);
+        w->sum += digest_run(w->data + offset * (int64_t)tp_dtype_size(w->dtype), w->dtype, logical_first, n, w->found);
     return 0;
+}
+
+uint64_t ckpt_digest_rows_counting(const ckpt_tensor_desc *t, int tp, int piece, int64_t row0, int64_t row1,
+                                   const void *data, convert_nonfinite *found)
+{
+    digest_walk w = {data, t->dtype, 0, found};
+    /* Each logical element once: a replicated granule's replicas are not counted. */
+    ckpt_piece_element_runs_of(t, tp, piece, row0, row1, 1, add_run, &w);
+    return w.sum;
 }
 
 uint64_t ckpt_digest_rows(const ckpt_tensor_desc *t, int tp, int piece, int64_t row0, int64_t row1,
                           const void *data)
 {
-    digest_walk w = {data, tp_dtype_size(t->dtype), 0};
-    /* Each logical element once: a replicated granule's replicas are not counted. */
-    ckpt_piece_element_runs_of(t, tp, piece, row0, row1, 1, add_run, &w);
-    return w.sum;
+    return ckpt_digest_rows_counting(t, tp, piece, row0, row1, data, NULL);
 }

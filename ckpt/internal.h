@@ -7,6 +7,7 @@
 
 #include "../common/fault.h"
 #include "../common/json.h"
+#include "../kernels/kernels.h"
 #include "ckpt.h"
 
 /* The JSON object of a small file at path (local or a URL) when there is
@@ -89,6 +90,10 @@ uint64_t ckpt_digest_block_key(uint64_t block);
  * excluded). */
 uint64_t ckpt_digest_rows(const ckpt_tensor_desc *tensor, int tp, int piece, int64_t row0, int64_t row1,
                           const void *data);
+/* The same, and the NaNs and infinities of those elements added to *found
+ * (first: the flat logical index; NULL: not counted), in the digest's pass. */
+uint64_t ckpt_digest_rows_counting(const ckpt_tensor_desc *tensor, int tp, int piece, int64_t row0, int64_t row1,
+                                   const void *data, convert_nonfinite *found);
 
 /* HDF5 type of a stored dtype (file and memory, little-endian); caller closes. */
 hid_t ckpt_h5_type(tp_dtype dtype);

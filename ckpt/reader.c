@@ -1402,6 +1402,39 @@ int ckpt_reader_finish_checks(ckpt_reader *r, int *checked)
     return status;
 }
 
+const char *ckpt_reader_element_file(const ckpt_reader *r, int i, int64_t element)
+{
+    if (i < 0 || i >= r->index.num_tensors || element < 0) return NULL;
+    const ckpt_index_tensor *it = &r->index.tensors[i];
+    const ckpt_tensor_desc *t = &it->tensor.desc;
+    int64_t at[CKPT_MAX_DIMS], rest = element; /* its coordinates, logical, then in its piece */
+    for (int k = t->ndim - 1; k >= 0; k--) {
+        at[k] = t->shape[k] ? rest % t->shape[k] : 0;
+        rest = t->shape[k] ? rest / t->shape[k] : 0;
+    }
+    int piece = 0;
+    if (t->partition.kind == CKPT_SPLIT) {
+        ckpt_run run;
+        if (ckpt_partition_runs(t, r->index.layout.tp, at[t->partition.axis], 1, &run, 1) != 1) return NULL;
+        piece = run.rank;
+        at[t->partition.axis] = run.local_start;
+    }
+    if (piece >= it->num_pieces) return NULL;
+    int f = it->pieces[piece].file_index;
+    const piece_runtime *pr = &r->pieces[i][piece];
+    for (int64_t k = 0; k < pr->num_boxes; k++) { /* a foreign piece's boxes: the one around it */
+        const ckpt_foreign_box *b = &pr->boxes[k];
+        int inside = 1;
+        for (int d = 0; d < t->ndim && inside; d++) inside = at[d] >= b->start[d] && at[d] < b->start[d] + b->count[d];
+        if (inside) {
+            f = b->file;
+            break;
+        }
+    }
+    if (f < 0 || f >= r->index.num_files) return NULL;
+    return r->foreign ? r->files[f].path : r->index.files[f].name;
+}
+
 int ckpt_reader_is_foreign(const ckpt_reader *r)
 {
     return r->foreign;

@@ -36,6 +36,7 @@ typedef struct {
     uint8_t *block_done;
     int64_t blocks_done;
     uint64_t digest; /* logical digest of the rows written so far */
+    convert_nonfinite nonfinite; /* their NaNs and infinities (options.count_nonfinite) */
 } piece_state;
 
 typedef struct {
@@ -360,6 +361,7 @@ static int add_tensor(ckpt_writer *w, const ckpt_tensor_desc *tensor, int here, 
     w->num_tensors++;
     for (int p = 0; p < ts->num_pieces; p++) {
         piece_state *ps = &ts->pieces[p];
+        ps->nonfinite.first = -1;
         ps->shard = here ? shard_index(w, ts->stage, t->partition.kind == CKPT_SPLIT ? p : 0) : -1;
         ckpt_piece_geometry_init(&ps->geometry, t, w->layout.tp, 0);
         if (ps->shard >= 0) {
@@ -506,7 +508,9 @@ int ckpt_writer_put_rows(ckpt_writer *w, int id, int piece, int64_t row_start, i
         ps->block_hash[b] = ckpt_hash_block(bytes + (b - first) * g->block_rows * g->row_bytes,
                                             (size_t)(rows * g->row_bytes));
     }
-    uint64_t digest = ckpt_digest_rows(&ts->tensor.desc, w->layout.tp, piece, row_start, row_start + row_count, data);
+    convert_nonfinite found = {0, 0, -1};
+    uint64_t digest = ckpt_digest_rows_counting(&ts->tensor.desc, w->layout.tp, piece, row_start, row_start + row_count,
+                                                data, w->options.count_nonfinite ? &found : NULL);
     if (ps->offset >= 0)
         status = w->storage->write_at(w->shards[ps->shard].data, data, (size_t)(row_count * g->row_bytes),
                                       ps->offset + row_start * g->row_bytes);
@@ -518,9 +522,21 @@ int ckpt_writer_put_rows(ckpt_writer *w, int id, int piece, int64_t row_start, i
     if (!status) {
         ps->blocks_done += count;
         ps->digest += digest;
+        convert_nonfinite_add(&ps->nonfinite, found, 0);
     }
     pthread_mutex_unlock(&w->lock);
     return status;
+}
+
+convert_nonfinite ckpt_writer_nonfinite(ckpt_writer *w, int id)
+{
+    convert_nonfinite sum = {0, 0, -1};
+    if (id < 0 || id >= w->num_tensors) return sum;
+    const tensor_state *ts = &w->tensors[id];
+    pthread_mutex_lock(&w->lock);
+    for (int p = 0; p < ts->num_pieces; p++) convert_nonfinite_add(&sum, ts->pieces[p].nonfinite, 0);
+    pthread_mutex_unlock(&w->lock);
+    return sum;
 }
 
 int ckpt_writer_put_piece(ckpt_writer *w, int id, int piece, const void *data)

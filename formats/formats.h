@@ -186,13 +186,6 @@ const char *safetensors_metadata(const safetensors_set *set, const char *key);
  * equal to NaN). */
 int safetensors_equal(safetensors_set *set, const char *a, const char *b, int *equal);
 
-/* NaN and infinite values import found in its sources. */
-typedef struct {
-    int tensors;        /* source tensors holding any; 0: none */
-    char summary[1024]; /* the first of them: its file, name and shape, how many NaNs and infinities, the first's
-                         * [row, col] (or index); then how many tensors in all */
-} import_nonfinite;
-
 typedef struct {
     int threads;                /* 0: all cores */
     int overwrite;
@@ -200,10 +193,10 @@ typedef struct {
     int compress_level;         /* 0: none */
     void (*on_bytes)(void *ctx, int64_t bytes);
     void *progress_ctx;
-    /* Safetensors sources holding NaN or infinite values are refused (TP_ERR_FORMAT, nothing written) unless
-     * allow_nonfinite; the values are carried as they are. */
+    /* Sources holding NaN or infinite values (safetensors, and Megatron checkpoints: gpt_megatron_import_run) are
+     * refused (TP_ERR_FORMAT, nothing written) unless allow_nonfinite; the values are carried as they are. */
     int allow_nonfinite;
-    import_nonfinite *nonfinite; /* when not NULL: what was found, whether refused or imported */
+    ckpt_nonfinite *nonfinite; /* when not NULL: what was found, whether refused or imported */
     /* What the target's shapes were derived from ("config.json: hidden_size 64, ..."), said after a source of
      * the wrong shape; NULL: nothing. */
     const char *shapes_from;

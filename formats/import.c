@@ -709,14 +709,6 @@ typedef struct {
     int64_t split_inner, split_size; /* elements after the split axis; its logical size */
 } fill_ctx;
 
-/* Adds what one conversion found to a part's tally, its first at base. */
-static void note_nonfinite(convert_nonfinite *tally, convert_nonfinite found, int64_t base)
-{
-    tally->nans += found.nans;
-    tally->infinities += found.infinities;
-    if (found.first >= 0 && (tally->first < 0 || base + found.first < tally->first)) tally->first = base + found.first;
-}
-
 /* Whether the run from logical element first is a replica in this piece. */
 static int is_replica(const fill_ctx *c, int64_t first)
 {
@@ -745,7 +737,7 @@ static int fill_run(void *ctx, int64_t offset, int64_t first, int64_t n)
             int64_t m = c->part_end[p] - first < n ? c->part_end[p] - first : n;
             const unsigned char *src = c->src[p] + (size_t)(first - begin) * tp_dtype_size(c->in);
             convert_overflow_add(&c->overflow, convert_numbers_counting(src, c->in, 1, dst, c->out, m, &found));
-            if (counted) note_nonfinite(&c->nonfinite[p], found, first - begin);
+            if (counted) convert_nonfinite_add(&c->nonfinite[p], found, first - begin);
             dst += (size_t)m * c->out_size;
             first += m;
             n -= m;
@@ -761,7 +753,7 @@ static int fill_run(void *ctx, int64_t offset, int64_t first, int64_t n)
         unsigned char *to = dst + (size_t)done * c->out_size;
         convert_overflow_add(&c->overflow, convert_numbers_counting(src, c->in, c->rows, to, c->out, m, &found));
         if (found.first >= 0) found.first = (k + found.first) * c->rows + r; /* the source's flat index */
-        if (counted) note_nonfinite(&c->nonfinite[0], found, 0);
+        if (counted) convert_nonfinite_add(&c->nonfinite[0], found, 0);
         done += m;
     }
     return 0;
@@ -984,40 +976,19 @@ static int check_sources(importer *im, int count)
 }
 
 /* The sources' NaNs and infinities, said by the first source tensor in the
- * model's order that holds any: its file, name, how many of each, where
- * the first lies (its [row, col], or index, in the source's own shape);
- * then how many others hold some. Returns how many source tensors do. */
-static int describe_nonfinite(const importer *im, int count, char *text, size_t size)
+ * model's order that holds any (ckpt_nonfinite_note): its file, name, how
+ * many of each, where the first lies (its [row, col], or index, in the
+ * source's own shape); then how many others hold some. */
+static void describe_nonfinite(const importer *im, int count, ckpt_nonfinite *found)
 {
-    int tensors = 0;
-    int64_t values = 0;
-    text[0] = '\0';
+    ckpt_nonfinite_init(found);
     for (int i = 0; i < count; i++) {
         int parts = im->map[i].num_parts > 1 ? im->map[i].num_parts : 1;
         for (int p = 0; p < parts; p++) {
-            const convert_nonfinite *found = &im->nonfinite[i][p];
-            if (!found->nans && !found->infinities) continue;
-            values += found->nans + found->infinities;
-            if (tensors++) continue;
             const safetensors_info *s = &im->sources[i][p]->info;
-            int64_t index[CKPT_MAX_DIMS], rest = found->first;
-            for (int k = s->ndim - 1; k >= 0; k--) {
-                index[k] = s->shape[k] ? rest % s->shape[k] : 0;
-                rest = s->shape[k] ? rest / s->shape[k] : 0;
-            }
-            char at[160], shape[160];
-            ckpt_shape_text(index, s->ndim > 0 ? s->ndim : 1, at, sizeof at);
-            ckpt_shape_text(s->shape, s->ndim, shape, sizeof shape);
-            snprintf(text, size, "%s: tensor %s %s holds %lld NaN%s and %lld infinite value%s, the first at %s", s->file,
-                     s->name, shape, (long long)found->nans, found->nans == 1 ? "" : "s", (long long)found->infinities,
-                     found->infinities == 1 ? "" : "s", at);
+            ckpt_nonfinite_note(found, s->file, s->name, s->shape, s->ndim, im->nonfinite[i][p]);
         }
     }
-    size_t n = strlen(text);
-    if (tensors > 1 && n < size)
-        snprintf(text + n, size - n, "; %d tensors in all hold NaN or infinite values (%lld values)", tensors,
-                 (long long)values);
-    return tensors;
 }
 
 int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const export_tensor *map, int count,
@@ -1040,7 +1011,7 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
     int status = !im.sources || !im.ids || !im.order || !im.overflow || !im.nonfinite
                      ? tp_fail(TP_ERR_NOMEM, "out of memory")
                      : TP_OK;
-    if (options->nonfinite) memset(options->nonfinite, 0, sizeof *options->nonfinite);
+    if (options->nonfinite) ckpt_nonfinite_init(options->nonfinite);
     for (int i = 0; i < count && !status; i++) {
         status = ckpt_tensor_check(&tensors[i], layout->tp);
     }
@@ -1076,14 +1047,10 @@ int import_run(safetensors_set *set, const ckpt_tensor_desc *tensors, const expo
      * download, an export of a diverged run): refused before the commit,
      * so that nothing is written, unless the caller takes them as they are. */
     if (!status) {
-        char summary[sizeof options->nonfinite->summary];
-        int tensors = describe_nonfinite(&im, count, summary, sizeof summary);
-        if (tensors && !options->allow_nonfinite)
-            status = tp_fail(TP_ERR_FORMAT, "%s: nothing imported (--allow-nonfinite imports them as they are)", summary);
-        if (options->nonfinite) {
-            options->nonfinite->tensors = tensors;
-            memcpy(options->nonfinite->summary, summary, sizeof summary);
-        }
+        ckpt_nonfinite found;
+        describe_nonfinite(&im, count, &found);
+        status = ckpt_nonfinite_check(&found, options->allow_nonfinite, "imported", "imports");
+        if (options->nonfinite) *options->nonfinite = found;
     }
     if (!status) {
         int others, first = convert_overflow_first(im.overflow, count, &others);

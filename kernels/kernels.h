@@ -76,6 +76,17 @@ typedef struct {
 convert_overflow convert_numbers_counting(const void *in, tp_dtype in_format, int64_t in_stride, void *out,
                                           tp_dtype out_format, int64_t n, convert_nonfinite *nonfinite);
 
+/* The NaNs and infinities of n values already in memory, counted as
+ * convert_numbers_counting counts them (first: the index among the n).
+ * Where values are only copied, not converted, the pass that already reads
+ * them counts them: a checkpoint writer's digest of the rows it writes
+ * (ckpt_write_options.count_nonfinite), span by span while in the L1 cache. */
+convert_nonfinite numbers_nonfinite(const void *values, tp_dtype format, int64_t n);
+
+/* Adds what one count found to a tally (a tensor's): the counts, and its
+ * first, at base + found.first, when earlier than the tally's (-1: none). */
+void convert_nonfinite_add(convert_nonfinite *tally, convert_nonfinite found, int64_t base);
+
 /* A strided move: `repeat` times, copy `len` elements from src to dst, then
  * advance src by src_stride and dst by dst_stride (all in elements). A
  * negative src fills with zeros instead. Resharding is a list of these. */

@@ -196,6 +196,46 @@ static void regroup_qkv(int64_t heads, int64_t groups, int tp, int piece, const 
     }
 }
 
+/* The flat index in Megatron's fused QKV, whose rows lie per query group
+ * ([q heads of the group, k, v], kv_channels rows a head, as its reader
+ * describes the whole tensor), of element `element` of this model's
+ * ([q; k; v]) whose rows are `row` elements long. */
+static int64_t megatron_qkv_element(const megatron_config *c, int64_t element, int64_t row)
+{
+    int64_t r = element / row, head = r / c->kv_channels;
+    int64_t block = gpt_megatron_qkv_block(c->heads, c->query_groups, 1, 0, head); /* the whole tensor: degree 1 */
+    return (block * c->kv_channels + r % c->kv_channels) * row + element % row;
+}
+
+/* What the writer counted of each catalogue tensor, said of the Megatron
+ * tensor it was read from (its file, name, shape and index; a QKV's first
+ * found mapped back to Megatron's rows), each Megatron tensor once (an
+ * fp32 parameter is its own master). */
+static int nonfinite_status(const gpt_megatron_import *x, ckpt_writer *w, const int *ids, const import_options *options)
+{
+    ckpt_nonfinite found;
+    ckpt_nonfinite_init(&found);
+    for (int i = 0; i < x->count; i++) {
+        convert_nonfinite counted = ckpt_writer_nonfinite(w, ids[i]);
+        if (!counted.nans && !counted.infinities) continue;
+        int again = 0;
+        for (int j = 0; j < i && !again; j++) again = x->source_index[j] == x->source_index[i];
+        if (again) continue;
+        const gpt_tensor *t = &x->catalog[i];
+        const ckpt_tensor_desc *source = ckpt_reader_tensor(x->source, x->source_index[i]);
+        if (t->kind == GPT_QKV_WEIGHT || t->kind == GPT_QKV_BIAS) {
+            int64_t row = 1;
+            for (int d = 1; d < t->desc.ndim; d++) row *= t->desc.shape[d];
+            counted.first = megatron_qkv_element(x->c, counted.first, row);
+        }
+        const char *file = ckpt_reader_element_file(x->source, x->source_index[i], counted.first);
+        ckpt_nonfinite_note(&found, file ? file : ckpt_reader_path(x->source), source->name, source->shape,
+                            source->ndim, counted);
+    }
+    if (options->nonfinite) *options->nonfinite = found;
+    return ckpt_nonfinite_check(&found, options->allow_nonfinite, "imported", "imports");
+}
+
 int gpt_megatron_import_run(gpt_megatron_import *x, const import_options *options, const char *out)
 {
     ckpt_write_options write_options;
@@ -203,15 +243,24 @@ int gpt_megatron_import_run(gpt_megatron_import *x, const import_options *option
     write_options.compress_level = options->compress_level;
     write_options.overwrite = options->overwrite;
     write_options.update_latest = options->update_latest;
+    /* Megatron's values, weights and optimizer state, counted as the writer
+     * digests them: refused before the commit (nonfinite_status). */
+    write_options.count_nonfinite = 1;
+    if (options->nonfinite) ckpt_nonfinite_init(options->nonfinite);
+    int *ids = calloc((size_t)x->count + 1, sizeof *ids);
+    if (!ids) return tp_fail(TP_ERR_NOMEM, "out of memory");
     ckpt_writer *w = NULL;
-    TP_TRY(ckpt_writer_create(&w, out, &x->to, &write_options));
+    int status = ckpt_writer_create(&w, out, &x->to, &write_options);
+    if (status) {
+        free(ids);
+        return status;
+    }
     unsigned char *piece = NULL, *grouped = NULL;
     size_t capacity = 0;
-    int status = TP_OK;
     for (int i = 0; i < x->count && !status; i++) {
         const gpt_tensor *t = &x->catalog[i];
-        int id;
-        status = ckpt_writer_add_tensor(w, &t->desc, &id);
+        status = ckpt_writer_add_tensor(w, &t->desc, &ids[i]);
+        int id = ids[i];
         int qkv = t->kind == GPT_QKV_WEIGHT || t->kind == GPT_QKV_BIAS;
         /* The QKV as Megatron lays it out (its own description), regrouped after. */
         const ckpt_tensor_desc *as_read = qkv ? ckpt_reader_tensor(x->source, x->source_index[i]) : &t->desc;
@@ -252,6 +301,8 @@ int gpt_megatron_import_run(gpt_megatron_import *x, const import_options *option
     }
     free(piece);
     free(grouped);
+    if (!status) status = nonfinite_status(x, w, ids, options);
+    free(ids);
     if (status) {
         ckpt_writer_abort(w);
         return status;

@@ -1379,8 +1379,9 @@ static const char *import_usage =
     "  --compress zstd[:L]|none output compression (default none)\n"
     "  --force                  replace an existing checkpoint\n"
     "  --progress               show progress even when stderr is not a terminal\n"
-    "  --allow-nonfinite        import NaN and infinite weights as they are, with a warning\n"
-    "                           (by default they fail the import, the first named)\n"
+    "  --allow-nonfinite        import NaN and infinite values as they are, with a warning\n"
+    "                           (by default they fail the import, the first named; a Megatron\n"
+    "                           checkpoint's weights and optimizer state alike)\n"
     "Every tensor is checked (presence, dtype, shape, the file's own rules) before\n"
     "anything is written, and every value as it is converted (NaN and infinities);\n"
     "nothing appears at CKPT unless the import completes.\n"
@@ -1411,6 +1412,14 @@ static int run_megatron_import(void *ctx, const char *path)
 {
     megatron_import_job *j = ctx;
     return gpt_megatron_import_run(j->job, j->options, path);
+}
+
+/* What an import with --allow-nonfinite carried, said on stderr. */
+static void warn_nonfinite(const ckpt_nonfinite *found)
+{
+    if (found->tensors)
+        fprintf(stderr, "tp-ckpt: warning: imported with NaN or infinite values (--allow-nonfinite): %s\n",
+                found->summary);
 }
 
 /* A Megatron-LM GPT-2 as this trainer's checkpoint. */
@@ -1444,6 +1453,7 @@ static int import_megatron(const char *dir, const checkpoint_format *format, con
         format_bytes((double)gpt_megatron_import_bytes(job), bytes, sizeof bytes);
         if (status) code = fail("%s", tp_errmsg());
         else {
+            warn_nonfinite(options->nonfinite);
             printf("imported %s (%s tp%dpp%d, iteration %lld) to %s: %d tensors at tp=%d pp=%d, %s in %.2f s\n",
                    ckpt_reader_path(r), format->title, m->tp, m->pp, (long long)ckpt_reader_state(r)->step, out,
                    gpt_megatron_import_count(job), tp, pp, bytes, seconds);
@@ -1466,7 +1476,8 @@ static int cmd_import(int argc, char **argv)
     const char *out = NULL;
     int force_progress = 0;
     enum { O_TP = 256, O_PP, O_DTYPE, O_PAD, O_THREADS, O_COMPRESS, O_FORCE, O_PROGRESS, O_TRUE_VOCAB, O_ALLOW_NONFINITE };
-    import_nonfinite nonfinite;
+    ckpt_nonfinite nonfinite;
+    ckpt_nonfinite_init(&nonfinite);
     options.nonfinite = &nonfinite;
     int64_t true_vocab = 0;
     int shape_given = 0;
@@ -1523,11 +1534,6 @@ static int cmd_import(int argc, char **argv)
     if (megatron && shape_given)
         die_usage("--dtype and --vocab-pad-multiple apply to a Hugging Face directory (a Megatron checkpoint keeps "
                   "its dtype and padding)");
-    /* Only the safetensors import counts NaNs and infinities: the flag
-     * would promise a check that a Megatron import does not make. */
-    if (megatron && options.allow_nonfinite)
-        die_usage("--allow-nonfinite applies to a Hugging Face directory (a Megatron import does not check for NaN "
-                  "or infinite values)");
     cli_check_true_vocab("tp-ckpt", true_vocab, format, dir, strcmp(format->name, "tp") ? NULL : "a Hugging Face directory");
     if (megatron) return import_megatron(dir, format, out, request.tp, request.pp, true_vocab, &options, force_progress);
     if ((code = run_output_refused(out, 0, 1))) return code; /* a Hugging Face model starts at step 0 */
@@ -1546,9 +1552,7 @@ static int cmd_import(int argc, char **argv)
     if (status) {
         code = fail("%s", tp_errmsg());
     } else {
-        if (nonfinite.tensors)
-            fprintf(stderr, "tp-ckpt: warning: imported with NaN or infinite values (--allow-nonfinite): %s\n",
-                    nonfinite.summary);
+        warn_nonfinite(&nonfinite);
         char bytes[32];
         format_bytes((double)gpt_import_bytes(job), bytes, sizeof bytes);
         printf("imported %s to %s: %d tensors at tp=%d pp=%d, %s in %.2f s\n", dir, out, gpt_import_count(job),

@@ -58,6 +58,9 @@ static const char *usage_text =
     "  --json                   print a machine-readable summary instead of text\n"
     "  --force                  replace an existing output\n"
     "  --progress               show progress even when stderr is not a terminal\n"
+    "  --allow-nonfinite        another tool's checkpoint written in this toolkit's format (--format tp)\n"
+    "                           with its NaN and infinite values as they are, with a warning (by\n"
+    "                           default they fail the run, the first named, nothing written)\n"
     "\n"
     "CKPT is a checkpoint directory, or a run directory (its latest checkpoint), a Megatron-LM\n"
     "legacy or Megatron-Core torch_dist checkpoint (docs/MEGATRON.md) or a\n"
@@ -296,6 +299,10 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
                    : 0;
     double seconds = progress_finish(&bar);
     if (!code && s->warning[0]) fprintf(stderr, "tp-reshard: warning: %s\n", s->warning);
+    const ckpt_nonfinite *nonfinite = options->reshard.nonfinite;
+    if (!code && nonfinite && nonfinite->tensors)
+        fprintf(stderr, "tp-reshard: warning: written with NaN or infinite values (--allow-nonfinite): %s\n",
+                nonfinite->summary);
     reshard_verify_result checked = {0, 0, ""};
     double verify_seconds = 0;
     if (!code && verify) code = verify_written(source, out, format, s, threads, &checked, &verify_seconds);
@@ -344,7 +351,8 @@ int main(int argc, char **argv)
     int dcp_torch_given = 0, dcp_dp = 1, dcp_dp_given = 0;
     int dry_run = 0, verify = 0, json = 0, force_progress = 0;
     enum { O_TO = 256, O_FROM, O_THREADS, O_MEMORY, O_DEVICE, O_DTYPE, O_COMPRESS, O_NO_OPTIM, O_DRY, O_VERIFY,
-           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT, O_NAMES, O_TRUE_VOCAB, O_DCP_TORCH, O_DCP_DP, O_MCORE };
+           O_JSON, O_FORCE, O_PROGRESS, O_FORMAT, O_NAMES, O_TRUE_VOCAB, O_DCP_TORCH, O_DCP_DP, O_MCORE,
+           O_ALLOW_NONFINITE };
     static const struct option long_options[] = {
         {"to", required_argument, 0, O_TO}, {"from", required_argument, 0, O_FROM},
         {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, O_THREADS},
@@ -355,7 +363,7 @@ int main(int argc, char **argv)
         {"progress", no_argument, 0, O_PROGRESS}, {"format", required_argument, 0, O_FORMAT},
         {"megatron-names", required_argument, 0, O_NAMES}, {"true-vocab-size", required_argument, 0, O_TRUE_VOCAB},
         {"dcp-torch", required_argument, 0, O_DCP_TORCH}, {"dcp-dp", required_argument, 0, O_DCP_DP},
-        {"megatron-core", required_argument, 0, O_MCORE},
+        {"megatron-core", required_argument, 0, O_MCORE}, {"allow-nonfinite", no_argument, 0, O_ALLOW_NONFINITE},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "o:h", long_options, NULL)) != -1) {
@@ -409,6 +417,7 @@ int main(int argc, char **argv)
         case O_JSON: json = 1; break;
         case O_FORCE: options.overwrite = 1; break;
         case O_PROGRESS: force_progress = 1; break;
+        case O_ALLOW_NONFINITE: options.allow_nonfinite = 1; break;
         case 'h': fputs(usage_text, stdout); return 0;
         default: die_usage("unknown option or missing value: '%s'", cli_rejected_option(argv));
         }
@@ -462,6 +471,17 @@ int main(int argc, char **argv)
         die_usage("--dcp-torch applies to a DCP or torch_dist output (--format dcp|torch_dist)");
     if (mcore_given && strcmp(target->name, "torch_dist"))
         die_usage("--megatron-core applies to a torch_dist output (--format torch_dist)");
+    /* NaNs and infinities are counted where another tool's checkpoint
+     * becomes this toolkit's (reshard/reshard.h): the flag would promise a
+     * check that this toolkit's own source, or another format's output,
+     * does not make. */
+    if (options.allow_nonfinite && (!strcmp(format->name, "tp") || strcmp(target->name, "tp")))
+        die_usage("--allow-nonfinite applies to another tool's checkpoint written in this toolkit's format (--format "
+                  "tp): %s", !strcmp(format->name, "tp") ? "this toolkit's own checkpoints are not counted"
+                                                         : "other outputs carry NaN and infinite values as they are");
+    ckpt_nonfinite nonfinite; /* what the writer of this toolkit's format found; nothing for other outputs */
+    ckpt_nonfinite_init(&nonfinite);
+    options.nonfinite = &nonfinite;
     /* torch_dist keys are Megatron-Core's whatever the modules: no names to choose (they were ignored). */
     if (naming >= 0 && strcmp(target->name, "megatron"))
         die_usage("--megatron-names applies to a Megatron-LM legacy output (--format megatron)");

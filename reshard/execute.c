@@ -102,6 +102,27 @@ static int overflow_status(const reshard_plan *plan, const convert_overflow *ove
     return convert_overflow_check(overflow[first], t->out.desc.dtype, t->out.name, others);
 }
 
+/* The NaNs and infinities the writer counted in the output of a foreign
+ * source, said of the source's tensors: the output's logical tensors are
+ * the source's, so the first's index is its index in the source, and the
+ * file named the one that holds it (a rank file, a DCP data file). */
+static int nonfinite_status(const reshard_plan *plan, ckpt_writer *writer, const int *ids)
+{
+    ckpt_nonfinite found;
+    ckpt_nonfinite_init(&found);
+    for (int i = 0; i < plan->num_tensors; i++) {
+        convert_nonfinite counted = ckpt_writer_nonfinite(writer, ids[i]);
+        if (!counted.nans && !counted.infinities) continue;
+        int source = plan->tensors[i].source;
+        const ckpt_tensor_desc *src = ckpt_reader_tensor(plan->source, source);
+        const char *file = ckpt_reader_element_file(plan->source, source, counted.first);
+        ckpt_nonfinite_note(&found, file ? file : ckpt_reader_path(plan->source), src->name, src->shape, src->ndim,
+                            counted);
+    }
+    if (plan->options.nonfinite) *plan->options.nonfinite = found;
+    return ckpt_nonfinite_check(&found, plan->options.allow_nonfinite, "written", "carries");
+}
+
 /* The source's training state, with the model's dtype updated when the
  * parameters change dtype, and a note of where the checkpoint came from. */
 static int output_state(const reshard_plan *plan, ckpt_train_state *out, char **model, char **user)
@@ -142,6 +163,9 @@ int reshard_execute(reshard_plan *plan, const char *out_path)
     write_options.compress_level = plan->compress_level;
     write_options.overwrite = plan->options.overwrite;
     write_options.update_latest = plan->options.update_latest;
+    /* Counted in the digest's pass over what is written: no other pass (docs/BENCHMARKS.md). */
+    write_options.count_nonfinite = ckpt_reader_is_foreign(plan->source);
+    if (plan->options.nonfinite) ckpt_nonfinite_init(plan->options.nonfinite);
     ckpt_writer *writer = NULL;
     int status = ckpt_writer_create(&writer, out_path, &plan->to, &write_options);
     if (status) return status;
@@ -180,17 +204,19 @@ int reshard_execute(reshard_plan *plan, const char *out_path)
     free(job.output);
     free(job.movers);
     free(job.ops);
-    free(job.ids);
     free(job.overflow);
+    /* What a foreign source records of what was read, whole, before the
+     * output appears; then its values (damage is said as damage first). */
+    if (!status) status = ckpt_reader_finish_checks(plan->source, NULL);
+    if (!status && write_options.count_nonfinite) status = nonfinite_status(plan, writer, job.ids);
+    free(job.ids);
     if (status) {
         ckpt_writer_abort(writer);
         return status;
     }
     ckpt_train_state state;
     char *model = NULL, *user = NULL;
-    /* What a foreign source records of what was read, whole, before the output appears. */
-    status = ckpt_reader_finish_checks(plan->source, NULL);
-    if (!status) status = output_state(plan, &state, &model, &user);
+    status = output_state(plan, &state, &model, &user);
     if (status) {
         ckpt_writer_abort(writer);
         return status;

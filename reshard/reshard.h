@@ -60,6 +60,15 @@ typedef struct {
     int update_latest;          /* point the output's parent `latest` at it */
     void (*on_bytes)(void *ctx, int64_t bytes_written); /* progress, from worker threads */
     void *progress_ctx;
+    /* Another tool's checkpoint as the source (ckpt_reader_is_foreign): its
+     * NaNs and infinities are counted as the output's rows are digested and
+     * refused before the commit (TP_ERR_FORMAT, nothing written: the file,
+     * tensor, counts and first index of the first tensor holding any, then
+     * how many do) unless allow_nonfinite, which carries them as they are.
+     * This format's own checkpoints are trusted as tp-train wrote them (it
+     * writes none after a non-finite step) and are not counted. */
+    int allow_nonfinite;
+    ckpt_nonfinite *nonfinite; /* when not NULL: what was found in a foreign source, whether refused or carried */
 } reshard_options;
 
 void reshard_options_init(reshard_options *options);
@@ -96,7 +105,8 @@ const reshard_summary *reshard_plan_summary(const reshard_plan *plan);
 void reshard_plan_free(reshard_plan *plan);
 
 /* Writes the output checkpoint at out_path (committed atomically: nothing is
- * visible there unless it completes). */
+ * visible there unless it completes; nor when a foreign source holds NaN or
+ * infinite values, unless options.allow_nonfinite). */
 int reshard_execute(reshard_plan *plan, const char *out_path);
 
 typedef struct {

@@ -131,6 +131,31 @@ static int64_t first_nonfinite(const void *values, tp_dtype format, int64_t n)
     return -1;
 }
 
+void convert_nonfinite_add(convert_nonfinite *tally, convert_nonfinite found, int64_t base)
+{
+    tally->nans += found.nans;
+    tally->infinities += found.infinities;
+    if (found.first >= 0 && (tally->first < 0 || base + found.first < tally->first)) tally->first = base + found.first;
+}
+
+convert_nonfinite numbers_nonfinite(const void *values, tp_dtype format, int64_t n)
+{
+    convert_nonfinite found = {0, 0, -1};
+    size_t size = tp_dtype_size(format);
+    for (int64_t at = 0; at < n; at += NONFINITE_BLOCK) {
+        int64_t m = n - at < NONFINITE_BLOCK ? n - at : NONFINITE_BLOCK;
+        const void *block = (const unsigned char *)values + (size_t)at * size;
+        uint32_t nans, infinities;
+        count_nonfinite(block, format, m, &nans, &infinities);
+        if (nans | infinities) {
+            if (found.first < 0) found.first = at + first_nonfinite(block, format, m);
+            found.nans += nans;
+            found.infinities += infinities;
+        }
+    }
+    return found;
+}
+
 convert_overflow convert_numbers_counting(const void *in, tp_dtype in_format, int64_t in_stride, void *out,
                                           tp_dtype out_format, int64_t n, convert_nonfinite *nonfinite)
 {

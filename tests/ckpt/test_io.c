@@ -3,6 +3,7 @@
  * distributed writing. Each test works in its own temporary directory. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <math.h>
 #include <hdf5.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -940,4 +941,59 @@ Test(io, shards_record_the_index_virtual_stages)
     cr_assert_eq(ckpt_commit_staged(path, &other, NULL, &options), TP_ERR_FORMAT);
     cr_assert(strstr(tp_errmsg(), "virtual_stages=2, the checkpoint's is tp=2 pp=2 layers=4"), "%s", tp_errmsg());
     cr_assert_eq(access(path, F_OK), -1, "nothing committed");
+}
+
+/* A writer with count_nonfinite counts the NaNs and infinities of what it
+ * writes, each logical element once (the padding left out: the digest's
+ * walk), its first the earliest flat logical index: against the logical
+ * tensors themselves (random bits, NaNs and infinities among them), widened
+ * to fp32 and judged by isnan and isinf. Without the option it counts
+ * nothing. */
+Test(io, writer_counts_nonfinite_values_once)
+{
+    for (int iter = 0; iter < 16; iter++) {
+        ckpt_layout layout = {(int)rnd(1, 4), 1, 1, 2, 1};
+        test_tensor tensors[10];
+        int n = random_tensors(tensors, 10, &layout.tp, 1, layout.num_layers);
+        char path[600];
+        snprintf(path, sizeof path, "%s/counted%d", dir, iter);
+        ckpt_write_options options;
+        ckpt_write_options_init(&options);
+        options.count_nonfinite = iter % 4 != 3;
+        ckpt_writer *w;
+        cr_assert_eq(ckpt_writer_create(&w, path, &layout, &options), TP_OK, "%s", tp_errmsg());
+        int ids[10];
+        for (int i = 0; i < n; i++) {
+            const ckpt_tensor_desc *d = &tensors[i].desc;
+            cr_assert_eq(ckpt_writer_add_tensor(w, d, &ids[i]), TP_OK, "%s", tp_errmsg());
+            int64_t shape[CKPT_MAX_DIMS];
+            ckpt_piece_shape(d, layout.tp, shape);
+            uint8_t *piece = malloc((size_t)elements_of(shape, d->ndim) * tp_dtype_size(d->dtype) + 1);
+            for (int p = 0; p < ckpt_piece_count(d, layout.tp); p++) {
+                build_piece(d, layout.tp, p, tensors[i].logical, piece);
+                cr_assert_eq(ckpt_writer_put_piece(w, ids[i], p, piece), TP_OK, "%s", tp_errmsg());
+            }
+            free(piece);
+        }
+        for (int i = 0; i < n; i++) {
+            const ckpt_tensor_desc *d = &tensors[i].desc;
+            int64_t count = elements_of(d->shape, d->ndim), nans = 0, infinities = 0, first = -1;
+            float *wide = malloc((size_t)count * sizeof *wide + 1);
+            convert_to_f32(tensors[i].logical, d->dtype, wide, count);
+            for (int64_t e = 0; e < count; e++) {
+                nans += isnan(wide[e]) != 0;
+                infinities += isinf(wide[e]) != 0;
+                if (first < 0 && !isfinite(wide[e])) first = e;
+            }
+            free(wide);
+            if (!options.count_nonfinite) nans = infinities = 0, first = -1;
+            convert_nonfinite found = ckpt_writer_nonfinite(w, ids[i]);
+            cr_assert(found.nans == nans && found.infinities == infinities && found.first == first,
+                      "%s at tp %d: %lld NaNs, %lld infinities, first %lld; expected %lld, %lld, %lld", d->name,
+                      layout.tp, (long long)found.nans, (long long)found.infinities, (long long)found.first, (long long)nans,
+                      (long long)infinities, (long long)first);
+        }
+        ckpt_writer_abort(w);
+        for (int i = 0; i < n; i++) free(tensors[i].logical);
+    }
 }

@@ -1858,7 +1858,7 @@ Test(export, import_into_layouts)
         import_options_init(&io);
         io.threads = 2;
         io.allow_nonfinite = 1;
-        import_nonfinite found;
+        ckpt_nonfinite found;
         io.nonfinite = &found;
         ckpt_train_state state = {42, 336, "{\"arch\":\"gpt2\"}", NULL, NULL, NULL};
         for (int k = 0; k < 3; k++)

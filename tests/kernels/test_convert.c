@@ -268,6 +268,12 @@ static void check_counting(const void *in, tp_dtype in_format, int64_t stride, t
                  (long long)found.infinities, (long long)infinities);
     cr_assert_eq(found.first, first, "%s, stride %lld: first at %lld, expected %lld", a, (long long)stride,
                  (long long)found.first, (long long)first);
+    /* The same values counted in place, without a conversion (a writer's digest pass). */
+    convert_nonfinite alone = numbers_nonfinite(gathered, in_format, n);
+    cr_assert(alone.nans == nans && alone.infinities == infinities && alone.first == first,
+              "%s, counted in place: %lld NaNs, %lld infinities, first %lld; expected %lld, %lld, %lld", a,
+              (long long)alone.nans, (long long)alone.infinities, (long long)alone.first, (long long)nans,
+              (long long)infinities, (long long)first);
 }
 
 Test(convert, counting_finds_nans_and_infinities)
