@@ -301,6 +301,10 @@ int gpt_megatron_import_run(gpt_megatron_import *x, const import_options *option
     }
     free(piece);
     free(grouped);
+    /* What the source records of what was read, whole (an entry read in
+     * part, a padded table's rows past --true-vocab-size, is read to its
+     * end against its CRC-32), before the output appears; then its values. */
+    if (!status) status = ckpt_reader_finish_checks(x->source, NULL);
     if (!status) status = nonfinite_status(x, w, ids, options);
     free(ids);
     if (status) {

@@ -733,6 +733,40 @@ expect_error "a flipped bit: tp-ckpt export refuses it" 1 "$DAMAGED" "$CK" expor
 check_all "a flipped bit: no output written" \
     '[ ! -e "$WORK/flip1" ] && [ ! -e "$WORK/flip2" ] && [ ! -e "$WORK/flip3" ] && [ ! -e "$WORK/flip4" ] && [ ! -e "$WORK/flip5" ]'
 
+# One bit flipped in the last row of tensor-parallel rank 1's word
+# embeddings: a padding row (90 tokens padded to 96, rows 48..95 on rank 1)
+# that --true-vocab-size 90 does not read. One stage: the tied output layer
+# keeps no copy of the table that would differ. The entry is then read in
+# part, and its CRC-32 is checked by reading it to its end before the
+# output is committed: every reader of it refuses, the import too.
+expect_ok "fixture: a GPT-2, tp2, one stage" "$PY" "$FIXTURE" "$WORK/t.pad" --tp 2 --pp 1 --layers 1 --hidden 64 \
+    --heads 4 --ffn 256 --vocab 90 --make-vocab-size-divisible-by 16 --dtype fp32 --openai-gelu
+set -- $("$PY" - "$WORK/t.pad/iter_0001000/mp_rank_01/model_optim_rng.pt" "$ROOT/tests/support" <<'PYEOF'
+import struct, sys, zipfile, torch
+sys.path.insert(0, sys.argv[2])
+import megatron_fixture
+megatron_fixture.install_megatron_stubs()
+table = torch.load(sys.argv[1], map_location="cpu", weights_only=False)["model"]["language_model"]["embedding"]["word_embeddings"]["weight"]
+assert table.shape[0] == 48, table.shape
+z = zipfile.ZipFile(sys.argv[1])
+entry = [i for i in z.infolist() if "/data/" in i.filename and z.read(i) == table.numpy().tobytes()]
+assert len(entry) == 1, [i.filename for i in entry]
+entry = entry[0]
+with open(sys.argv[1], "rb") as f:
+    f.seek(entry.header_offset)
+    header = f.read(30)
+name_len, extra_len = struct.unpack("<HH", header[26:30])
+print(entry.header_offset + 30 + name_len + extra_len + entry.file_size - 3, entry.filename)
+PYEOF
+)
+flip_byte "$WORK/t.pad/iter_0001000/mp_rank_01/model_optim_rng.pt" "$1"
+PADDED="mp_rank_01/model_optim_rng.pt: entry $2: its [0-9]+ bytes have CRC-32 [0-9a-f]{8}, the archive records [0-9a-f]{8} \\(data damaged\\)"
+expect_error "a flipped bit in a padding row: tp-ckpt import --true-vocab-size refuses it" 1 "$PADDED" "$CK" import \
+    "$WORK/t.pad" --tp 1 --pp 1 --true-vocab-size 90 -o "$WORK/pad1"
+expect_error "a flipped bit in a padding row: tp-ckpt export --true-vocab-size refuses it" 1 "$PADDED" "$CK" export \
+    "$WORK/t.pad" --format safetensors --true-vocab-size 90 -o "$WORK/pad2"
+check_all "a flipped bit in a padding row: no output written" '[ ! -e "$WORK/pad1" ] && [ ! -e "$WORK/pad2" ]'
+
 # One byte of a rank file's pickle changed where the pickle stays valid:
 # args.openai_gelu True read as False, another model. Its CRC-32 no longer
 # matches (zipfile's testzip, the judge, says so): every reader refuses
