@@ -543,7 +543,16 @@ static int visit_export_entry(void *ctx, const char *name)
     size_t n = strlen(name), suffix = strlen(".safetensors");
     snprintf(path, sizeof path, "%s/%s", e->dir, name);
     e->entries++;
-    if (strcmp(name, "config.json") == 0 || strcmp(name, "model.safetensors.index.json") == 0) return TP_OK;
+    if (strcmp(name, "config.json") == 0 || strcmp(name, "model.safetensors.index.json") == 0) {
+        /* Ours by name only when a file: the replaced directory goes whole,
+         * so a directory of that name would take everything in it along. */
+        store_stat st = {0};
+        int status = e->storage->stat(e->storage, path, &st);
+        if (!status && (!st.exists || !st.is_dir)) return TP_OK; /* gone meanwhile: nothing to lose */
+        snprintf(e->why, sizeof e->why, "its '%s' is %s", name,
+                 status ? "an entry that cannot be examined" : "a directory, not an export's file");
+        return TP_ERR_EXISTS;
+    }
     if (n > suffix && strcmp(name + n - suffix, ".safetensors") == 0) {
         if (!marked_safetensors(e->storage, path, name, e->why, sizeof e->why)) return TP_ERR_EXISTS;
         e->weights++;

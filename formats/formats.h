@@ -122,7 +122,8 @@ int export_run(ckpt_reader *source, const export_tensor *tensors, int count, con
  * tp_toolkit.source_layout), and nothing else: never a run directory, nor
  * a file that merely has the format's signature (a checkpoint's shard is
  * an HDF5 file). A safetensors output is a directory holding marked
- * weights, config.json and the index, or nothing; an HDF5 file is asked
+ * weights, config.json and the index (files, not directories of those
+ * names), or nothing; an HDF5 file is asked
  * for its root attributes, which only a local one gives. Asked of a local
  * output when it is staged, and of a URL before anything is written; the
  * refusal says what the file is. */

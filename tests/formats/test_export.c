@@ -1417,6 +1417,49 @@ Test(export, outputs_are_atomic)
     free_tensors(u, 2);
 }
 
+/* --force replaces a safetensors export's directory whole, so an entry it
+ * takes for the export's by name alone must be the export's file: a
+ * directory named config.json or model.safetensors.index.json (someone's
+ * notes in it) was taken for one, and went with the rest. */
+Test(export, force_keeps_a_directory_named_as_an_export_file)
+{
+    seed_random(640);
+    char src[700], out[700], inside[800], notes[900];
+    snprintf(src, sizeof src, "%s/src", dir);
+    snprintf(out, sizeof out, "%s/hf", dir);
+    test_tensor t[2];
+    small_source(src, t, 0);
+    ckpt_reader *r = open_reader(src);
+    const export_tensor good[] = {{.source = "model/big", .name = "big", .transpose = 1}, {.source = "model/vec", .name = "vec", .transpose = 0}};
+    export_options options;
+    export_options_init(&options);
+    options.format = EXPORT_SAFETENSORS;
+    options.config_json = "{}";
+    cr_assert_eq(export_run(r, good, 2, &options, out, NULL), TP_OK, "%s", tp_errmsg());
+    options.overwrite = 1;
+    static const char *const names[] = {"config.json", "model.safetensors.index.json"};
+    blob kept = {(uint8_t *)"not an export's\n", 16};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(inside, sizeof inside, "%s/%s", out, names[i]);
+        cr_assert(unlink(inside) == 0 || errno == ENOENT);
+        cr_assert_eq(mkdir(inside, 0755), 0);
+        snprintf(notes, sizeof notes, "%s/notes.txt", inside);
+        write_all(notes, kept.bytes, kept.size);
+        cr_assert_eq(export_run(r, good, 2, &options, out, NULL), TP_ERR_EXISTS, "%s: a directory: %s", names[i],
+                     tp_errmsg());
+        cr_assert(strstr(tp_errmsg(), names[i]) && strstr(tp_errmsg(), "directory"),
+                  "the refusal names the directory %s: %s", names[i], tp_errmsg());
+        cr_assert(same_file(notes, &kept), "%s: what the directory holds is untouched", names[i]);
+        cr_assert_eq(unlink(notes), 0);
+        cr_assert_eq(rmdir(inside), 0);
+    }
+    /* As files they are the export's: replaced. */
+    write_all(inside, kept.bytes, kept.size);
+    cr_assert_eq(export_run(r, good, 2, &options, out, NULL), TP_OK, "%s", tp_errmsg());
+    ckpt_reader_close(r);
+    free_tensors(t, 2);
+}
+
 /* The same tensors give the same bytes whatever the layout, thread count
  * and band size they come through (docs/EXPORT.md "Deterministic"). */
 Test(export, outputs_are_deterministic)
