@@ -264,7 +264,12 @@ static int parse_file(safetensors_set *set, int file, cJSON **header_out)
     qsort(order, (size_t)n, sizeof *order, by_begin);
     int64_t covered = 0, data = f->size - f->data_start;
     for (int i = 0; i < n && !status; i++) {
-        if (order[i]->begin < covered)
+        /* Past the end first: a gap up to it would name bytes the file lacks. */
+        if (order[i]->end > data)
+            status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s [%lld, %lld) runs past the end of the data, which holds %lld "
+                             "bytes (truncated?)", f->path, order[i]->info.name, (long long)order[i]->begin,
+                             (long long)order[i]->end, (long long)data);
+        else if (order[i]->begin < covered)
             status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s [%lld, %lld) overlaps tensor %s [%lld, %lld)", f->path,
                                   order[i]->info.name, (long long)order[i]->begin, (long long)order[i]->end,
                                   order[i - 1]->info.name, (long long)order[i - 1]->begin, (long long)order[i - 1]->end);
@@ -274,10 +279,9 @@ static int parse_file(safetensors_set *set, int file, cJSON **header_out)
         covered = order[i]->end;
     }
     free(order);
-    if (!status && covered != data)
-        status = tp_fail(TP_ERR_FORMAT, "%s: the tensors cover %lld bytes of data, the file holds %lld (%s)",
-                              f->path, (long long)covered, (long long)data,
-                              covered > data ? "truncated?" : "trailing bytes");
+    if (!status && covered != data) /* covered < data: every tensor ends within it */
+        status = tp_fail(TP_ERR_FORMAT, "%s: the tensors cover %lld bytes of data, the file holds %lld (trailing bytes)",
+                         f->path, (long long)covered, (long long)data);
     return status;
 }
 

@@ -1571,8 +1571,13 @@ static const malformed_file malformed_files[] = {
      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
      20, NULL},
     {"not-from-zero", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, NULL},
-    {"trailing", -1, ONE_F32, 12, NULL},
-    {"truncated-data", -1, ONE_F32, 6, NULL},
+    {"trailing", -1, ONE_F32, 12, "the file holds 12 (trailing bytes)"},
+    {"truncated-data", -1, ONE_F32, 6, "tensor a [0, 8) runs past the end of the data, which holds 6 bytes"},
+    /* Sizes right, b far past the data: said as that, not as a gap of bytes the file lacks. */
+    {"past-the-data", -1,
+     "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+     "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[1000000,1000008]}}",
+     16, "tensor b [1000000, 1000008) runs past the end of the data, which holds 16 bytes"},
     {"metadata", -1,
      "{\"__metadata__\":{\"format\":\"pt\",\"layers\":12},"
      "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
