@@ -1234,6 +1234,22 @@ static int run_export(void *ctx, const char *path)
     return export_run(j->reader, j->tensors, j->count, j->options, path, j->summary);
 }
 
+/* A Megatron checkpoint's tables converted without --true-vocab-size keep
+ * its padding rows (as Hugging Face's converter keeps them): said, with the
+ * range the tokenizer's size lies in, since a model that predicts tokens
+ * no tokenizer has is not what a user converting for inference expects. */
+static void note_vocabulary_padding(const megatron_config *m)
+{
+    if (!m || m->true_vocab > 0 || m->padded_vocab <= 0) return;
+    int64_t multiple = m->vocab_divisible_by * m->tp;
+    if (multiple <= 1) return;
+    printf("note: the vocabulary tables keep Megatron's padding: %lld rows, a multiple of %lld "
+           "(make_vocab_size_divisible_by %lld x tp %d), so the tokenizer has %lld to %lld tokens; "
+           "--true-vocab-size N (the tokenizer's size) leaves the padding rows out\n",
+           (long long)m->padded_vocab, (long long)multiple, (long long)m->vocab_divisible_by, m->tp,
+           (long long)(m->padded_vocab - multiple + 1), (long long)m->padded_vocab);
+}
+
 static int cmd_export(int argc, char **argv)
 {
     export_options options;
@@ -1356,6 +1372,7 @@ static int cmd_export(int argc, char **argv)
                    ckpt_reader_path(r), (long long)ckpt_reader_state(r)->step, layout, out,
                    summary.tensors, summary.files, summary.files == 1 ? "" : "s", size, seconds,
                    seconds > 0 ? (double)summary.tensor_bytes / seconds / 1e6 : 0.0);
+            note_vocabulary_padding(megatron);
         }
     }
     gpt_export_free(job);
@@ -1457,6 +1474,7 @@ static int import_megatron(const char *dir, const checkpoint_format *format, con
             printf("imported %s (%s tp%dpp%d, iteration %lld) to %s: %d tensors at tp=%d pp=%d, %s in %.2f s\n",
                    ckpt_reader_path(r), format->title, m->tp, m->pp, (long long)ckpt_reader_state(r)->step, out,
                    gpt_megatron_import_count(job), tp, pp, bytes, seconds);
+            note_vocabulary_padding(m);
             if (gpt_megatron_import_rounded(job))
                 printf("note: %d parameters stored in fp32 beside %s ones (the norms) are %s in this toolkit's model; "
                        "their fp32 values are kept as their masters (an export of the Megatron checkpoint itself keeps "

@@ -546,6 +546,7 @@ mkdir -p "$WORK/trun"
 expect_ok "import as this trainer's checkpoint at tp1pp2, iteration 1000 as step 1000" "$CK" import "$WORK/t" --tp 1 --pp 2 \
     --true-vocab-size 90 -o "$WORK/trun/step_00001000"
 check "weights and Adam state: 156 tensors" grep -q ": 156 tensors at tp=1 pp=2" "$WORK/.out"
+check "with --true-vocab-size, no note of padding kept" sh -c '! grep -q "keep Megatron.s padding" "$1"' sh "$WORK/.out"
 expect_ok "it verifies as any checkpoint of this format" "$CK" verify "$WORK/trun/step_00001000"
 expect_ok "export of the import" "$CK" export "$WORK/trun/step_00001000" --format safetensors -o "$WORK/t_hf"
 expect_ok "which computes the Megatron checkpoint's logits" "$PY" "$FIXTURE" --logits "$WORK/t" "$WORK/t_hf"
@@ -589,6 +590,13 @@ expect_error "--dtype is a Hugging Face import's" 2 "apply to a Hugging Face dir
 expect_ok "--allow-nonfinite applies to a Megatron import too (its values are counted: test_nonfinite_foreign)" \
     "$CK" import "$WORK/t" --tp 1 --pp 1 --allow-nonfinite -o "$WORK/t_allowed"
 check "a finite checkpoint imports with no warning" test ! -s "$WORK/.err"
+# Without --true-vocab-size the tables keep Megatron's padding (as Hugging
+# Face's converter keeps it): said, with the range the tokenizer's size is in.
+PADNOTE="note: the vocabulary tables keep Megatron's padding: 96 rows, a multiple of 32 \\(make_vocab_size_divisible_by 16 x tp 2\\), so the tokenizer has 65 to 96 tokens; --true-vocab-size N"
+check "an import without --true-vocab-size says the tables keep their padding" grep -Eq "$PADNOTE" "$WORK/.out"
+expect_ok "an export without --true-vocab-size" "$CK" export "$WORK/t" --format safetensors -o "$WORK/t_padded_hf"
+check "says the same" grep -Eq "$PADNOTE" "$WORK/.out"
+check "its config.json has the padded size" grep -Eq '"vocab_size":[[:space:]]*96' "$WORK/t_padded_hf/config.json"
 check "nothing was written for refused imports" test ! -e "$WORK/never"
 
 # ------------------------------------------------- plan, memory, progress
