@@ -31,6 +31,13 @@ static pthread_key_t handle_key;
 static atomic_long requests_given_up; /* store_requests_given_up */
 
 #define BACKOFF_MAX_MS 10000L /* the longest wait between two attempts */
+/* Bytes of a body no one reads (an error answer's, whose start alone is
+ * kept; any answer to a request taking none) read before the transfer is
+ * cut and the answer taken as its status: a server sending such a body
+ * without end was read until the attempt's deadline, which is scaled by
+ * the bytes asked for (a listing's 64 MiB at TP_REMOTE_MIN_SPEED: 18 hours
+ * an attempt). Reading a short one whole keeps its connection reusable. */
+#define UNREAD_BODY_MAX ((size_t)1 << 20)
 
 static void share_lock(CURL *handle, curl_lock_data data, curl_lock_access access, void *ctx)
 {
@@ -123,6 +130,8 @@ typedef struct {
     int fd;          /* body_file, opened for this attempt */
     int64_t sent;    /* body bytes handed to libcurl */
     int overflow;    /* more bytes came than dst holds */
+    size_t unread;   /* bytes of a body no one reads (UNREAD_BODY_MAX) */
+    int unread_cut;  /* such a body was cut off: the answer is its status */
     int read_error;  /* errno of a failed read of body_file */
     /* Stall detection: the bytes moved either way, and when they last changed. */
     curl_off_t moved;
@@ -149,6 +158,16 @@ static int request_writes(const char *method)
     return strcmp(method, "GET") && strcmp(method, "HEAD") && strcmp(method, "PROPFIND") && strcmp(method, "DELETE");
 }
 
+/* n more bytes of a body no one reads: n, or 0 (the transfer cut) past
+ * UNREAD_BODY_MAX. */
+static size_t unread_body(transfer *t, size_t n)
+{
+    t->unread += n;
+    if (t->unread <= UNREAD_BODY_MAX) return n;
+    t->unread_cut = 1;
+    return 0;
+}
+
 static size_t on_body(char *data, size_t size, size_t count, void *ctx)
 {
     transfer *t = ctx;
@@ -163,7 +182,7 @@ static size_t on_body(char *data, size_t size, size_t count, void *ctx)
         size_t used = strlen(r->error_body), room = sizeof r->error_body - 1 - used;
         memcpy(r->error_body + used, data, n < room ? n : room);
         r->error_body[used + (n < room ? n : room)] = '\0';
-        return n;
+        return unread_body(t, n);
     }
     if (q->dst) {
         if (t->response->received + n > q->dst_size) {
@@ -182,7 +201,7 @@ static size_t on_body(char *data, size_t size, size_t count, void *ctx)
         buffer_put(q->body_out, data, n);
         return q->body_out->failed ? 0 : n;
     }
-    return n;
+    return unread_body(t, n);
 }
 
 static size_t on_send(char *out, size_t size, size_t count, void *ctx)
@@ -580,7 +599,7 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
         else
             snprintf(why, why_size, "a short body from the server: the connection closed after %lld bytes, before "
                      "the body's announced end", (long long)got);
-    } else if (code != CURLE_OK && !(t.overflow && r->code >= 300))
+    } else if (code != CURLE_OK && !t.unread_cut && !(t.overflow && r->code >= 300))
         snprintf(why, why_size, "%s", curl_easy_strerror(code));
     else if (r->code == 206 && q->dst && r->range_first >= 0 && r->range_last >= r->range_first &&
              r->received < (size_t)(r->range_last - r->range_first + 1)) {

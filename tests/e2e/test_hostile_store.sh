@@ -196,6 +196,30 @@ for proto in s3 webdav; do
         grep -q "error: .*latest_checkpointed_iteration.txt.*slow down" "$WORK/.err"
 done
 
+# Bodies no one reads are bounded: an error answer's body that never ends
+# (a GET answered 500, endlessly) was read until the attempt's deadline,
+# which is scaled by the bytes asked for (a listing's 64 MiB at 1024
+# bytes/s: 18 hours an attempt, each retry as long); now the first MiB, and
+# the answer is its status. Headers that never end are libcurl's to bound.
+for proto in s3 webdav; do
+    if [ $proto = s3 ]; then serve endless-error --s3; else serve endless-error; fi
+    url="$U/run"
+    [ $proto = s3 ] && url=s3://bkt/run
+    start=$(date +%s)
+    run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test TP_REMOTE_RETRIES=1 \
+        TP_REMOTE_BACKOFF_MS=10 timeout 60 "$CK" info "$url"
+    secs=$(($(date +%s) - start))
+    check_all "$proto: an error answer whose body never ends: HTTP 500 said in $secs s (exit $RC)" \
+        '[ $RC -eq 1 ] && [ $secs -lt 20 ] && grep -q "HTTP 500 InternalError (after retries)" "$WORK/.err"'
+done
+serve huge-headers --s3
+start=$(date +%s)
+run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test TP_REMOTE_RETRIES=1 \
+    TP_REMOTE_BACKOFF_MS=10 timeout 60 "$CK" info s3://bkt/run
+secs=$(($(date +%s) - start))
+check_all "headers that never end: given up in $secs s, naming the URL (exit $RC)" \
+    '[ $RC -eq 1 ] && [ $secs -lt 20 ] && grep -q "error: s3://bkt/run: .*Failure when receiving data from the peer" "$WORK/.err"'
+
 # Transport faults: unreadable, not damaged. A short body (its Content-Range
 # naming more than came; or its Content-Length, the connection closed) is
 # retried as a cut connection is, then said; a server that ignores Range

@@ -36,6 +36,9 @@ misbehaves as --mode says:
                 connection
   no-range      a GET of a shard ignores its Range: 200 and the whole object
   utf16         PROPFIND answers in UTF-16 (little-endian, a byte-order mark)
+  endless-error every GET is answered 500 with a body that never ends
+                (as fast as it is taken), without a Content-Length
+  huge-headers  every GET is answered 200 with headers that never end
   swapped       the checkpoint is replaced once its index has been read: every
                 later GET of an index.json is 404 (a --force upload removes it
                 first) and every shard is another version (other bytes,
@@ -192,6 +195,27 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.trickle(body, etag, 206, headers)
         self.send(206, body, headers)
 
+    def endless(self):
+        """endless-error, huge-headers: answers the request (never ending); whether it did."""
+        if ARGS.mode not in ("endless-error", "huge-headers") or self.command != "GET":
+            return False
+        self.close_connection = True
+        try:
+            if ARGS.mode == "endless-error":
+                self.send_response(500)
+                self.send_header("Connection", "close")
+                self.end_headers()
+                chunk = b"<Error><Code>InternalError</Code></Error>" + b" " * 65536
+                while True:
+                    self.wfile.write(chunk)
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            line = b"X-Padding: " + b"x" * 1000 + b"\r\n"
+            while True:
+                self.wfile.write(line * 64)
+        except OSError:
+            pass
+        return True
+
     def trickle(self, body, etag, code=200, headers=None):
         self.send_response(code)
         for k, v in headers or [("ETag", etag)]:
@@ -238,7 +262,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_PROPFIND(self):
         self.count()
-        if self.throttled():
+        if self.throttled() or self.endless():
             return
         length = int(self.headers.get("Content-Length", "0"))
         if length:
