@@ -343,6 +343,12 @@ int http_status_transient(long code)
     return code >= 500 || code == 429 || code == 408;
 }
 
+int http_error_code_transient(const char *body)
+{
+    return strstr(body, "<Code>InternalError</Code>") || strstr(body, "<Code>ServiceUnavailable</Code>") ||
+           strstr(body, "<Code>SlowDown</Code>");
+}
+
 int http_status_throttled(const char *method, const http_response *r)
 {
     return r->code == 429 ||
@@ -493,6 +499,7 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
     r->content_length = -1;
     r->etag[0] = '\0';
     r->bucket_region[0] = '\0';
+    r->error_in_ok = 0;
     r->range_first = r->range_last = r->range_total = -1;
     if (q->body_out) q->body_out->size = 0;
     /* The deadline of this attempt: its bytes at the minimum speed, and
@@ -612,6 +619,12 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
                  (long long)r->range_first, (long long)r->range_last);
     } else
         *code_out = CURLE_OK;
+    /* S3's 200 before the work, and the work's failure in the body. */
+    if (*code_out == CURLE_OK && q->ok_may_carry_error && r->code >= 200 && r->code < 300 && q->body_out &&
+        q->body_out->data && strstr(q->body_out->data, "<Error>")) {
+        r->error_in_ok = 1;
+        snprintf(r->error_body, sizeof r->error_body, "%s", q->body_out->data);
+    }
     return TP_OK;
 }
 
@@ -634,7 +647,9 @@ int http_perform(const http_request *q, http_response *r)
         why[0] = '\0';
         TP_TRY(attempt_once(curl, q, r, &code, why, sizeof why));
         r->attempts = attempt + 1;
-        int transient = code != CURLE_OK ? curl_transient(code) : http_status_transient(r->code);
+        int transient = code != CURLE_OK ? curl_transient(code)
+                        : r->error_in_ok     ? http_error_code_transient(r->error_body)
+                                             : http_status_transient(r->code);
         if (code == CURLE_OK && !transient) {
             throttle_served();
             return TP_OK;
@@ -666,7 +681,7 @@ int http_perform(const http_request *q, http_response *r)
          * each) before its one error. */
         long ms = backoff_ms(attempt);
         char text[1024], answer[32];
-        snprintf(answer, sizeof answer, "HTTP %ld", r->code);
+        snprintf(answer, sizeof answer, "HTTP %ld%s", r->code, r->error_in_ok ? " carrying an error" : "");
         snprintf(text, sizeof text, "%s %s: %s; retry %d of %d in %.1f s (TP_REMOTE_RETRIES)", q->method, q->url,
                  code != CURLE_OK ? why : answer, counted, policy.retries, (double)ms / 1000);
         store_notify(text);

@@ -41,6 +41,11 @@ typedef struct {
     byte_buffer *body_out;
     size_t body_max;
     const char *range; /* "first-last", or NULL */
+    /* A 2xx answer whose body (body_out) is an S3 <Error> document is that
+     * error: S3 answers a CompleteMultipartUpload 200 before it does the
+     * work, and a failure then comes in the body. It is retried as a 5xx
+     * where its code is transient (http_error_code_transient). */
+    int ok_may_carry_error;
 } http_request;
 
 typedef struct {
@@ -54,6 +59,7 @@ typedef struct {
     int64_t range_first, range_last, range_total;
     char error_body[1024]; /* the start of the body of an answer other than 2xx */
     char bucket_region[64]; /* S3's x-amz-bucket-region header (the bucket's region); "" without one */
+    int error_in_ok;        /* a 2xx carrying an <Error> (ok_may_carry_error), its start in error_body */
     int attempts;
 } http_response;
 
@@ -100,6 +106,11 @@ int http_perform(const http_request *request, http_response *response);
 
 /* Whether a status is worth a retry (5xx, 429, 408). */
 int http_status_transient(long code);
+
+/* Whether an S3 error document (<Error><Code>...) names a failure worth a
+ * retry: InternalError, ServiceUnavailable, SlowDown (what S3 sends as a
+ * 5xx, and inside a 200 it answered before the failure). */
+int http_error_code_transient(const char *body);
 
 /* Whether an answer to a request of `method` asks the client to slow
  * down: 429; a 503 whose S3 error code is SlowDown; or a 503 to a HEAD,

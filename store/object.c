@@ -32,7 +32,7 @@ const object_protocol *object_protocol_of(const store_ops *s)
 int object_call_ok(const store_ops *s, const object_call *c, http_response *r)
 {
     TP_TRY(object_protocol_of(s)->send(c, r));
-    if (r->code < 200 || r->code >= 300) return object_answer_error(c->http.method, c->path, r);
+    if (r->code < 200 || r->code >= 300 || r->error_in_ok) return object_answer_error(c->http.method, c->path, r);
     return TP_OK;
 }
 
@@ -63,6 +63,9 @@ int object_answer_error(const char *method, const char *path, const http_respons
     if (xml_element(body, end, "Message", &text, &text_end)) xml_text(text, text_end, message, sizeof message);
     char detail[420] = "";
     if (code[0]) snprintf(detail, sizeof detail, " %s%s%s", code, message[0] ? ": " : "", message);
+    if (r->error_in_ok) /* S3's status goes before the work it answers: the failure came in the body */
+        return tp_fail(TP_ERR_IO, "%s %s: HTTP %ld carrying an error:%s (after %d attempt%s)", method, path, r->code,
+                       detail, r->attempts, r->attempts == 1 ? "" : "s");
     if (r->code == 404)
         return tp_fail(TP_ERR_NOT_FOUND, "%s: no such object (HTTP 404%s)", path, detail);
     /* S3 names the bucket's region (x-amz-bucket-region) in its answers to

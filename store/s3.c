@@ -489,22 +489,40 @@ static int put_multipart(const char *url, const char *local, int64_t offset, int
     if (!status && xml.failed) status = tp_fail(TP_ERR_NOMEM, "out of memory");
     sigv4_pair id_query[1] = {{"uploadId", upload_id}};
     if (!status) {
+        /* S3 answers 200 before it assembles the parts, and a failure then
+         * comes in the body (ok_may_carry_error: retried where transient,
+         * as the AWS SDKs do); it was said as "HTTP 500 (after retries)"
+         * and never retried. Only a CompleteMultipartUploadResult says the
+         * object is made: any other 200 (a proxy's page) was taken for it,
+         * the upload left unaborted, and the object found missing later. */
         object_call complete = {.path = url, .query = id_query, .num_query = 1,
             .http = {.method = "POST", .body = xml.data, .body_size = xml.size, .body_out = &answer,
-                     .body_max = 1 << 20}};
+                     .body_max = 1 << 20, .ok_may_carry_error = 1}};
         status = object_call_ok(store_s3(), &complete, &r);
-        /* S3 may answer 200 and report a failure in the body. */
-        if (!status && answer.data && strstr(answer.data, "<Error>")) {
-            snprintf(r.error_body, sizeof r.error_body, "%s", answer.data);
-            r.code = 500;
-            status = object_answer_error("POST", url, &r);
-        }
+        const char *end = answer.data ? answer.data + answer.size : NULL;
+        if (!status && !xml_element(answer.data, end, "CompleteMultipartUploadResult", &text, &text_end))
+            status = tp_fail(TP_ERR_IO, "POST %s: the completion of its multipart upload was answered HTTP %ld without "
+                             "a CompleteMultipartUploadResult (%zu bytes: not S3's answer; a proxy's?): the object "
+                             "is not known to be made", url, r.code, answer.size);
         free(answer.data);
     }
     if (status) { /* nothing half-done stays billed in the bucket */
+        char message[2048];
+        snprintf(message, sizeof message, "%s", tp_errmsg());
         object_call abort_upload = {.path = url, .query = id_query, .num_query = 1, .http = {.method = "DELETE"}};
-        http_response ignored;
-        s3_send(&abort_upload, &ignored);
+        http_response answer_to_abort;
+        int aborted = s3_send(&abort_upload, &answer_to_abort);
+        long code = answer_to_abort.code;
+        if (!aborted && code != 404 && (code < 200 || code >= 300))
+            aborted = object_answer_error("DELETE", url, &answer_to_abort);
+        /* Said, not dropped: its parts stay in the bucket, billed and unlisted. */
+        char why[1024] = "";
+        if (aborted) snprintf(why, sizeof why, "%s", tp_errmsg());
+        if (aborted)
+            tp_fail(status, "%s (and its multipart upload could not be aborted, its parts staying billed in the "
+                    "bucket until it is: uploadId %s: %s)", message, upload_id, why);
+        else
+            tp_fail(status, "%s", message);
     }
     free(xml.data);
     free(m.etags);

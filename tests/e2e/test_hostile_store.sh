@@ -26,6 +26,14 @@
 # damaged), a checkpoint replaced by another writer once its index was read
 # ("34 of 41 pieces damaged", checksums), a WebDAV listing in UTF-16
 # ("malformed listing").
+# An error answer whose body never ends is read up to 1 MiB (it was read
+# for the attempt's deadline, hours). S3 multipart uploads to the same
+# server, which takes writes and lists the uploads under way: a part
+# answered 500 or dropped once is sent again; a completion answered 200
+# with an error inside (S3 does) is retried, not failed at once; a 200
+# without a CompleteMultipartUploadResult is refused and the upload aborted
+# (it was left, billed); an abort refused is said with its uploadId. No
+# upload is left, and a failed copy leaves nothing at its URL.
 # Each ends in one error naming the URL, in bounded time; a throttling
 # store is waited out, saying so, for TP_REMOTE_THROTTLE_SECONDS in all.
 # tier: full
@@ -37,11 +45,12 @@ mkdir -p "$TMPDIR" "$WORK/root/run"
 SERVER_PID=""
 trap '[ -n "$SERVER_PID" ] && kill $SERVER_PID 2>/dev/null; rm -rf "$WORK"' EXIT
 
-# serve MODE [--s3]: the server on a free port, URL in $U.
+# serve MODE [--s3]: the server on a free port, URL in $U; it serves
+# $SERVE_ROOT, else $WORK/root.
 serve() {
     [ -n "$SERVER_PID" ] && { kill $SERVER_PID; wait $SERVER_PID 2>/dev/null; }
     rm -f "$WORK/port" "$WORK/count"
-    "$PY" "$ROOT/tests/support/hostile_store.py" --root "$WORK/root" --mode "$@" --port-file "$WORK/port" \
+    "$PY" "$ROOT/tests/support/hostile_store.py" --root "${SERVE_ROOT:-$WORK/root}" --mode "$@" --port-file "$WORK/port" \
         --count-file "$WORK/count" 2>"$WORK/server.err" &
     SERVER_PID=$!
     n=0
@@ -219,6 +228,64 @@ run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test 
 secs=$(($(date +%s) - start))
 check_all "headers that never end: given up in $secs s, naming the URL (exit $RC)" \
     '[ $RC -eq 1 ] && [ $secs -lt 20 ] && grep -q "error: s3://bkt/run: .*Failure when receiving data from the peer" "$WORK/.err"'
+
+# S3 multipart uploads (the 42 MB shard in 9 parts of TP_REMOTE_PART_MB=5)
+# to a server of ours that takes writes as S3 does and lists the uploads
+# under way (ListMultipartUploads): none may be left, whatever failed, and
+# a failed upload leaves nothing at its URL.
+# upload MODE: `tp-ckpt copy` of big to s3://bkt/up/big, the server in MODE.
+upload() {
+    rm -rf "$WORK/wroot"
+    mkdir -p "$WORK/wroot"
+    SERVE_ROOT="$WORK/wroot" serve "$1" --s3
+    run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test TP_REMOTE_PART_MB=5 \
+        TP_REMOTE_BACKOFF_MS=10 timeout 120 "$CK" copy "$WORK/root/big" s3://bkt/up/big
+}
+uploads_left() { curl -s "$U/bkt?uploads" | grep -o "<UploadId>[^<]*" | sed 's/<UploadId>//'; }
+nothing_at_url() { [ -z "$(find "$WORK/wroot" -type f)" ]; }
+verified_there() {
+    env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test "$CK" verify s3://bkt/up/big >/dev/null 2>&1
+}
+
+upload good
+check_all "multipart upload (control): copied, verified there, no upload left (exit $RC)" \
+    '[ $RC -eq 0 ] && verified_there && [ -z "$(uploads_left)" ]'
+# A part answered 500, or its connection dropped, once: sent again.
+for mode in part-500 part-drop; do
+    upload $mode
+    check_all "$mode: part 2 sent again, copied, verified there, no upload left (exit $RC)" \
+        '[ $RC -eq 0 ] && grep -q "warning: PUT $U/bkt/up/big/shard_pp00_tp00.h5?partNumber=2&uploadId=.*; retry 1 of 6" "$WORK/.err" &&
+         verified_there && [ -z "$(uploads_left)" ]'
+done
+upload part-refused
+check_all "a part refused (403): the upload aborted, nothing at the URL (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "error: s3://bkt/up/big/shard_pp00_tp00.h5: access denied (HTTP 403" "$WORK/.err" &&
+     nothing_at_url && [ -z "$(uploads_left)" ]'
+# S3 answers a completion 200 before it assembles the parts, and a failure
+# then in the body ("200 with an error"): it failed the upload at once, said
+# as "HTTP 500 ... (after retries)", neither true; it is retried as a 5xx.
+upload complete-error
+check_all "a completion answered 200 with an InternalError in its body, once: retried, copied, verified (exit $RC)" \
+    '[ $RC -eq 0 ] && grep -q "warning: POST $U/bkt/up/big/shard_pp00_tp00.h5?uploadId=.*: HTTP 200 carrying an error; retry 1 of 6" "$WORK/.err" &&
+     verified_there && [ -z "$(uploads_left)" ]'
+upload complete-error-always
+check_all "a completion answered so every time: said as it is, after 7 attempts, aborted, nothing at the URL (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "error: POST s3://bkt/up/big/shard_pp00_tp00.h5: HTTP 200 carrying an error: InternalError: We encountered an internal error. Please try again. (after 7 attempts)" "$WORK/.err" &&
+     nothing_at_url && [ -z "$(uploads_left)" ]'
+# A 200 that is not S3's answer (a proxy's page) was taken for a completed
+# upload: never aborted (its parts left billed, unlisted), the object found
+# missing later by the size check.
+upload complete-garbage
+check_all "a completion answered 200 without a CompleteMultipartUploadResult: refused, aborted, nothing left (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "error: POST s3://bkt/up/big/shard_pp00_tp00.h5: the completion of its multipart upload was answered HTTP 200 without a CompleteMultipartUploadResult" "$WORK/.err" &&
+     nothing_at_url && [ -z "$(uploads_left)" ]'
+# An abort that fails leaves the parts billed: said, naming the upload (it
+# was dropped without a word).
+upload abort-refused
+left=$(uploads_left)
+check_all "an abort refused: the error names the upload left behind ($left), exit $RC" \
+    '[ $RC -eq 1 ] && [ -n "$left" ] &&
+     grep -q "access denied (HTTP 403.* (and its multipart upload could not be aborted, its parts staying billed in the bucket until it is: uploadId $left: DELETE s3://bkt/up/big/shard_pp00_tp00.h5: HTTP 500" "$WORK/.err"'
 
 # Transport faults: unreadable, not damaged. A short body (its Content-Range
 # naming more than came; or its Content-Length, the connection closed) is

@@ -1,4 +1,4 @@
-/* Which answers store/http.c retries, and which it takes as a server
+/* Which answers store/http.c retries (an S3 error inside a 200 too), and which it takes as a server
  * pacing its clients (not counted against TP_REMOTE_RETRIES): S3's 503
  * SlowDown, 429, and a 503 to a HEAD (no body to say SlowDown in) are; a
  * 503 of another cause, other 5xx, and 4xx refusals are not. */
@@ -47,4 +47,20 @@ Test(http_status, a_bare_503_to_a_head_is_throttling)
     http_response not_found = http_answer(404, ""), internal = http_answer(500, "");
     cr_assert_not(http_status_throttled("HEAD", &not_found));
     cr_assert_not(http_status_throttled("HEAD", &internal), "a 500 is a failure, whatever the method");
+}
+
+/* S3 answers a CompleteMultipartUpload 200 before it assembles the parts,
+ * and a failure then comes in the body: retried as a 5xx when its code is
+ * one S3 sends as a 5xx (it failed the upload at once, said as "HTTP
+ * 500 ... (after retries)"); a refusal of the request itself is final. */
+Test(http_status, an_error_inside_a_200_is_retried_when_transient)
+{
+    cr_assert(http_error_code_transient("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\n<Error><Code>InternalError</Code>"
+                                        "<Message>We encountered an internal error. Please try again.</Message></Error>"));
+    cr_assert(http_error_code_transient("<Error><Code>SlowDown</Code></Error>"));
+    cr_assert(http_error_code_transient("<Error><Code>ServiceUnavailable</Code></Error>"));
+    cr_assert_not(http_error_code_transient("<Error><Code>InvalidPart</Code></Error>"), "a part S3 does not have");
+    cr_assert_not(http_error_code_transient("<Error><Code>EntityTooSmall</Code></Error>"));
+    cr_assert_not(http_error_code_transient("<Error><Code>AccessDenied</Code><Message>InternalError</Message></Error>"),
+                  "the word in the message is not the code");
 }

@@ -44,12 +44,33 @@ misbehaves as --mode says:
                 first) and every shard is another version (other bytes,
                 another ETag), as another writer's --force leaves them
 
+With --s3 it also takes writes, as S3 does: PUT and DELETE of objects (files
+under --root), and multipart uploads (POST ?uploads, PUT ?partNumber&uploadId,
+POST ?uploadId to complete, DELETE ?uploadId to abort; parts other than the
+last under 5 MiB refused at completion, EntityTooSmall), its uploads under
+way listed by GET /BUCKET?uploads (ListMultipartUploads). Write modes:
+
+  part-500      the first attempt of every upload's part 2 is answered 500
+                InternalError (its body read); the next is taken
+  part-drop     the first attempt of every upload's part 2: its body read,
+                the connection closed without an answer
+  part-refused  every attempt of part 2 is answered 403 AccessDenied
+  abort-refused as part-refused, and every abort is answered 500 InternalError
+  complete-error         the first completion of every upload is answered
+                200 with an <Error> InternalError body and not done (S3's
+                "200 with an error": the answer's status goes before the
+                work); the next is done
+  complete-error-always  every completion is answered so
+  complete-garbage       every completion is answered 200 with an HTML page
+                (a proxy's), not done
+
 Writes its port to --port-file once listening; counts requests in
 --count-file. Run with Debian's /usr/bin/python3 (standard library only)."""
 import argparse
 import hashlib
 import http.server
 import os
+import re
 import threading
 import time
 import urllib.parse
@@ -62,6 +83,10 @@ VERSIONS = {}  # path -> version number (change modes)
 SWAPPED = [False]  # swapped mode: an index was read
 REQUESTS = [0]
 THROTTLED_FROM = [None]  # when the first request to throttle came (slowdown modes)
+UPLOADS = {}  # S3 multipart uploads under way: upload id -> {"key": path, "parts": {number: bytes}}
+WRITTEN = {}  # path -> the ETag of the object a PUT or a completion made (S3's: an MD5, "MD5-PARTS" of a multipart)
+FAULTED = set()  # (upload id, what) of faults done once (part-500, part-drop, complete-error)
+S3_PART_MIN = 5 << 20  # S3's smallest part but the last
 
 
 def etag_of(path, version):
@@ -117,6 +142,117 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_HEAD(self):
         self.do_GET()
 
+    def body(self):
+        length = int(self.headers.get("Content-Length", "0") or "0")
+        return self.rfile.read(length) if length else b""
+
+    def s3_error(self, code, name):
+        self.send(code, ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>%s</Code>"
+                         "<Message>%s</Message></Error>" % (name, name)).encode())
+
+    def once(self, upload_id, what):
+        """Whether the fault `what` of this upload is still to be done (then it is, from now)."""
+        with LOCK:
+            if (upload_id, what) in FAULTED:
+                return False
+            FAULTED.add((upload_id, what))
+            return True
+
+    def do_PUT(self):
+        self.count()
+        if not ARGS.s3:
+            return self.send(405)
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query, keep_blank_values=True)
+        data = self.body()
+        path = self.local()
+        if "uploadId" in query:
+            upload_id, number = query["uploadId"][0], int(query["partNumber"][0])
+            if number == 2 and ARGS.mode == "part-500" and self.once(upload_id, "part"):
+                return self.s3_error(500, "InternalError")
+            if number == 2 and ARGS.mode == "part-drop" and self.once(upload_id, "part"):
+                self.close_connection = True
+                return
+            if number == 2 and ARGS.mode in ("part-refused", "abort-refused"):
+                return self.s3_error(403, "AccessDenied")
+            with LOCK:
+                if upload_id not in UPLOADS:
+                    return self.s3_error(404, "NoSuchUpload")
+                UPLOADS[upload_id]["parts"][number] = data
+            return self.send(200, b"", [("ETag", '"%s"' % hashlib.md5(data).hexdigest())])
+        if not path:
+            return self.s3_error(400, "InvalidRequest")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".put", "wb") as f:
+            f.write(data)
+        os.rename(path + ".put", path)
+        WRITTEN[path] = '"%s"' % hashlib.md5(data).hexdigest()
+        self.send(200, b"", [("ETag", WRITTEN[path])])
+
+    def do_POST(self):
+        self.count()
+        if not ARGS.s3:
+            return self.send(405)
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query, keep_blank_values=True)
+        data = self.body()
+        path = self.local()
+        if "uploads" in query and path:
+            upload_id = hashlib.md5(("%s:%d:%f" % (path, len(UPLOADS), time.time())).encode()).hexdigest()
+            with LOCK:
+                UPLOADS[upload_id] = {"key": path, "parts": {}}
+            return self.send(200, ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<InitiateMultipartUploadResult>"
+                                   "<UploadId>%s</UploadId></InitiateMultipartUploadResult>" % upload_id).encode())
+        if "uploadId" not in query:
+            return self.s3_error(400, "InvalidRequest")
+        upload_id = query["uploadId"][0]
+        if ARGS.mode == "complete-garbage":
+            return self.send(200, b"<html><body><h1>Welcome</h1></body></html>", [("Content-Type", "text/html")])
+        if ARGS.mode == "complete-error-always" or (ARGS.mode == "complete-error" and self.once(upload_id, "complete")):
+            return self.send(200, b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\n<Error><Code>InternalError</Code>"
+                             b"<Message>We encountered an internal error. Please try again.</Message></Error>")
+        numbers = [int(n) for n in re.findall(r"<PartNumber>(\d+)</PartNumber>", data.decode())]
+        with LOCK:
+            upload = UPLOADS.get(upload_id)
+            if not upload or upload["key"] != path:
+                return self.s3_error(404, "NoSuchUpload")
+            if numbers != sorted(set(numbers)) or any(n not in upload["parts"] for n in numbers):
+                return self.s3_error(400, "InvalidPart")
+            if any(len(upload["parts"][n]) < S3_PART_MIN for n in numbers[:-1]):
+                return self.s3_error(400, "EntityTooSmall")
+            whole = b"".join(upload["parts"][n] for n in numbers)
+            del UPLOADS[upload_id]
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".put", "wb") as f:
+            f.write(whole)
+        os.rename(path + ".put", path)
+        digests = b"".join(hashlib.md5(upload["parts"][n]).digest() for n in numbers)
+        etag = WRITTEN[path] = '"%s-%d"' % (hashlib.md5(digests).hexdigest(), len(numbers))
+        self.send(200, ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<CompleteMultipartUploadResult>"
+                        "<ETag>%s</ETag></CompleteMultipartUploadResult>" % etag).encode())
+
+    def do_DELETE(self):
+        self.count()
+        if not ARGS.s3:
+            return self.send(405)
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query, keep_blank_values=True)
+        if "uploadId" in query and ARGS.mode == "abort-refused":
+            return self.s3_error(500, "InternalError")
+        if "uploadId" in query:
+            with LOCK:
+                found = UPLOADS.pop(query["uploadId"][0], None)
+            return self.send(204) if found else self.s3_error(404, "NoSuchUpload")
+        path = self.local()
+        if path and os.path.isfile(path):
+            os.remove(path)
+            WRITTEN.pop(path, None)
+        self.send(204)
+
+    def s3_list_uploads(self):
+        with LOCK:
+            entries = sorted((os.path.relpath(u["key"], ARGS.root), i) for i, u in UPLOADS.items())
+        body = "".join("<Upload><Key>%s</Key><UploadId>%s</UploadId></Upload>" % e for e in entries)
+        self.send(200, ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListMultipartUploadsResult>%s"
+                        "<IsTruncated>false</IsTruncated></ListMultipartUploadsResult>" % body).encode())
+
     def throttled(self):
         """Whether this request is answered 503 (slowdown modes); answers it."""
         if ARGS.mode not in ("slowdown", "slowdown-head") or (ARGS.mode == "slowdown-head" and self.command != "HEAD"):
@@ -135,11 +271,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.count()
-        if self.throttled():
+        if self.throttled() or self.endless():
             return
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
         if ARGS.s3 and "list-type" in query:
             return self.s3_list(query)
+        if ARGS.s3 and "uploads" in urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query, keep_blank_values=True):
+            return self.s3_list_uploads()
         path = self.local()
         if not path or not os.path.isfile(path):
             return self.send(404, b"<Error><Code>NoSuchKey</Code></Error>")
@@ -155,6 +293,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if ARGS.mode == "replaced":
             version = 1 if os.path.exists(ARGS.switch_file) else 0
         etag = etag_of(path, 0 if ARGS.mode == "change-quiet" else version)
+        etag = WRITTEN.get(path, etag) if not version else etag
         want = self.headers.get("If-Match")
         if ARGS.mode in ("change", "replaced") and want and want != etag:
             return self.send(412, b"<Error><Code>PreconditionFailed</Code></Error>")
@@ -262,7 +401,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_PROPFIND(self):
         self.count()
-        if self.throttled() or self.endless():
+        if self.throttled():
             return
         length = int(self.headers.get("Content-Length", "0"))
         if length:
