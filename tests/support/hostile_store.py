@@ -65,12 +65,14 @@ way listed by GET /BUCKET?uploads (ListMultipartUploads). Write modes:
                 (a proxy's), not done
 
 Writes its port to --port-file once listening; counts requests in
---count-file. Run with Debian's /usr/bin/python3 (standard library only)."""
+--count-file; says each fault done once on stderr ("fault: MODE WHAT of
+upload ID"). Run with Debian's /usr/bin/python3 (standard library only)."""
 import argparse
 import hashlib
 import http.server
 import os
 import re
+import sys
 import threading
 import time
 import urllib.parse
@@ -156,7 +158,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if (upload_id, what) in FAULTED:
                 return False
             FAULTED.add((upload_id, what))
-            return True
+        sys.stderr.write("fault: %s %s of upload %s\n" % (ARGS.mode, what, upload_id))  # for the test to see it done
+        sys.stderr.flush()
+        return True
 
     def do_PUT(self):
         self.count()
