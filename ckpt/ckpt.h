@@ -135,6 +135,11 @@ typedef struct {
     char param[CKPT_NAME_MAX + 1];
 } ckpt_tensor_copy;
 
+/* Whether name is a tensor name of this format (docs/FORMAT.md section 5):
+ * 1..CKPT_NAME_MAX characters of [A-Za-z0-9._-] in '/'-separated
+ * components, none empty, "." or "..". */
+int ckpt_name_is_valid(const char *name);
+
 /* Validates a description (names, shape, partition) and copies it. */
 int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in);
 

@@ -54,7 +54,7 @@ static ckpt_partition normalized(const ckpt_tensor_desc *t)
     return p;
 }
 
-static int name_is_valid(const char *name)
+int ckpt_name_is_valid(const char *name)
 {
     size_t n = strlen(name);
     if (n == 0 || n > CKPT_NAME_MAX || name[0] == '/' || name[n - 1] == '/') return 0;
@@ -92,7 +92,7 @@ int ckpt_tensor_is_param(const ckpt_tensor_desc *t)
 int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in)
 {
     memset(out, 0, sizeof *out);
-    if (!in->name || !name_is_valid(in->name))
+    if (!in->name || !ckpt_name_is_valid(in->name))
         return tp_fail(TP_ERR_ARG,
                          "tensor name '%s' is not valid: use 1..%d characters of [A-Za-z0-9._-] "
                          "in '/'-separated components",
@@ -101,7 +101,7 @@ int ckpt_tensor_copy_init(ckpt_tensor_copy *out, const ckpt_tensor_desc *in)
     const char *param = in->param ? in->param : in->name;
     if (strlen(role) == 0 || strlen(role) >= sizeof out->role || strchr(role, '"'))
         return tp_fail(TP_ERR_ARG, "tensor %s: role '%s' is not valid", in->name, role);
-    if (!name_is_valid(param))
+    if (!ckpt_name_is_valid(param))
         return tp_fail(TP_ERR_ARG, "tensor %s: parameter name '%s' is not valid", in->name,
                          param);
     strcpy(out->name, in->name);

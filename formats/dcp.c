@@ -109,6 +109,75 @@ int dcp_find(const dcp_checkpoint *dcp, const char *key)
     return -1;
 }
 
+static int compare_names(const void *a, const void *b, void *ctx)
+{
+    const dcp_checkpoint *dcp = ctx;
+    return strcmp(dcp->entries[*(const int *)a].name, dcp->entries[*(const int *)b].name);
+}
+
+int dcp_find_tensor(const dcp_checkpoint *dcp, const char *name)
+{
+    int lo = 0, hi = dcp->num_named;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(dcp->entries[dcp->by_name[mid]].name, name);
+        if (!c) return dcp->by_name[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    char key[CKPT_NAME_MAX + 1];
+    dcp_key_of(name, key, sizeof key);
+    return dcp_find(dcp, key);
+}
+
+/* The plain name of a key (dcp_entry.name) into name (CKPT_NAME_MAX + 1
+ * bytes): 0 where it would be longer. */
+static int plain_name_of(const char *key, char name[CKPT_NAME_MAX + 1])
+{
+    if (ckpt_name_is_valid(key)) {
+        snprintf(name, CKPT_NAME_MAX + 1, "%s", key);
+        return 1;
+    }
+    size_t n = 0;
+    for (const unsigned char *c = (const unsigned char *)key; *c; c++) {
+        int plain = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' || *c == '_';
+        if (n + (plain ? 1 : 3) > CKPT_NAME_MAX) return 0;
+        if (plain) name[n++] = (char)*c;
+        else n += (size_t)snprintf(name + n, 4, "-%02x", *c);
+    }
+    name[n] = '\0';
+    return ckpt_name_is_valid(name); /* "", ".", "..": no name */
+}
+
+/* Every tensor entry's plain name, and the index by name; two keys of one
+ * name are refused (a key already written as another's "-hh" form). */
+static int name_entries(dcp_checkpoint *dcp)
+{
+    size_t bytes = 1;
+    for (int i = 0; i < dcp->num_entries; i++)
+        if (dcp_entry_is_tensor(&dcp->entries[i])) bytes += 3 * strlen(dcp->entries[i].key) + 1;
+    dcp->names = malloc(bytes);
+    dcp->by_name = calloc((size_t)dcp->num_entries + 1, sizeof *dcp->by_name);
+    if (!dcp->names || !dcp->by_name) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    char *at = dcp->names, name[CKPT_NAME_MAX + 1];
+    for (int i = 0; i < dcp->num_entries; i++) {
+        dcp_entry *e = &dcp->entries[i];
+        if (!dcp_entry_is_tensor(e) || !plain_name_of(e->key, name)) continue;
+        size_t n = strlen(name) + 1;
+        memcpy(at, name, n);
+        e->name = at;
+        at += n;
+        dcp->by_name[dcp->num_named++] = i;
+    }
+    qsort_r(dcp->by_name, (size_t)dcp->num_named, sizeof *dcp->by_name, compare_names, dcp);
+    for (int i = 1; i < dcp->num_named; i++) {
+        const dcp_entry *a = &dcp->entries[dcp->by_name[i - 1]], *b = &dcp->entries[dcp->by_name[i]];
+        if (!strcmp(a->name, b->name))
+            return tp_fail(TP_ERR_FORMAT, "%s: the keys '%s' and '%s' are both read as the tensor %s", dcp->metadata_path,
+                           a->key, b->key, a->name);
+    }
+    return TP_OK;
+}
+
 /* A tensor entry's dtype, size and chunks (TensorStorageMetadata). */
 static int read_tensor_entry(dcp_checkpoint *dcp, const pickle_value *v, dcp_entry *e, int64_t *chunks_used)
 {
@@ -290,6 +359,7 @@ static int read_metadata(dcp_checkpoint *dcp, const unsigned char *data, int64_t
     for (int i = 1; i < dcp->num_entries; i++)
         if (!strcmp(dcp->entries[dcp->by_key[i]].key, dcp->entries[dcp->by_key[i - 1]].key))
             return tp_fail(TP_ERR_FORMAT, "%s: the key '%s' twice", where, dcp->entries[dcp->by_key[i]].key);
+    TP_TRY(name_entries(dcp));
     for (int64_t i = 0; i < storage->dict.keys.count; i++)
         TP_TRY(read_storage_item(dcp, storage->dict.keys.items[i], storage->dict.values.items[i]));
     for (int i = 0; i < dcp->num_entries; i++) {
@@ -391,6 +461,8 @@ void dcp_close(dcp_checkpoint *dcp)
     pickle_free(dcp->doc);
     free(dcp->entries);
     free(dcp->by_key);
+    free(dcp->names);
+    free(dcp->by_name);
     free(dcp->chunks);
     free(dcp->files);
     if (dcp->versions && dcp->versions->of) {
@@ -600,11 +672,13 @@ typedef struct {
     const int64_t *chunk;   /* per chunk to locate: its index in dcp->chunks */
     const int *chunk_entry; /* and its entry */
     int64_t *data_offset;   /* out: where its data starts in its file */
+    int (*orders)[TORCH_MAX_DIMS]; /* out (NULL: row-major only): the order its data is dense in */
     ckpt_foreign_check *checks; /* out (may be NULL): its data's zip entry and recorded CRC-32 */
 } locate_job;
 
 /* Opens chunk k's item, a torch.save archive of one tensor, and finds its
- * data: of the entry's dtype, the chunk's sizes, contiguous. */
+ * data: of the entry's dtype, the chunk's sizes, contiguous (or dense in
+ * any order, where the job takes orders). */
 static int locate_chunk(void *ctx, int64_t k, int thread)
 {
     (void)thread;
@@ -628,9 +702,16 @@ static int locate_chunk(void *ctx, int64_t k, int thread)
         status = tp_fail(TP_ERR_FORMAT, "%s: %s: the item at %lld holds a %s, not the chunk's %s tensor of %d dimensions", path,
                          e->key, (long long)c->item_offset, t->kind == PICKLE_TENSOR ? "tensor of another dtype or shape" : describe(t),
                          torch_dtype_name(e->dtype), e->ndim);
-    else if (!torch_tensor_is_contiguous(t))
-        status = tp_fail(TP_ERR_FORMAT, "%s: %s: the chunk at %lld is not stored row-major", path, e->key, (long long)c->item_offset);
-    if (!status) status = torch_tensor_range(a, t, &offset, &bytes);
+    else if (job->orders ? !torch_tensor_dense_order(t, job->orders[k]) : !torch_tensor_is_contiguous(t)) {
+        char strides[256];
+        ckpt_shape_text(t->tensor->stride, t->tensor->ndim, strides, sizeof strides);
+        status = tp_fail(TP_ERR_FORMAT, "%s: %s: the chunk at %lld is stored with strides %s, %s", path, e->key,
+                         (long long)c->item_offset, strides,
+                         job->orders ? "which overlap or leave gaps: its elements cannot be read exactly"
+                                     : "not row-major");
+    }
+    if (!status && job->orders) status = torch_tensor_dense_range(a, t, &offset, &bytes);
+    else if (!status) status = torch_tensor_range(a, t, &offset, &bytes);
     if (!status && bytes != want)
         status = tp_fail(TP_ERR_FORMAT, "%s: %s: the chunk at %lld holds %lld bytes, its sizes say %lld", path, e->key,
                          (long long)c->item_offset, (long long)bytes, (long long)want);
@@ -645,9 +726,9 @@ static int locate_chunk(void *ctx, int64_t k, int thread)
 }
 
 int dcp_locate(const dcp_checkpoint *dcp, int64_t n, const int64_t *chunk, const int *chunk_entry, int threads,
-               int64_t *data_offset, ckpt_foreign_check *checks)
+               int64_t *data_offset, int (*orders)[TORCH_MAX_DIMS], ckpt_foreign_check *checks)
 {
-    locate_job job = {dcp, chunk, chunk_entry, data_offset, checks};
+    locate_job job = {dcp, chunk, chunk_entry, data_offset, orders, checks};
     return parallel_for(n, threads > 0 ? threads : parallel_cpu_count(), locate_chunk, &job);
 }
 
@@ -663,7 +744,10 @@ int dcp_compact_checks(ckpt_foreign_check *checks, int64_t n)
 static int describe_plainly(const dcp_entry *e, ckpt_tensor_desc *t)
 {
     memset(t, 0, sizeof *t);
-    t->name = e->key;
+    if (!e->name)
+        return tp_fail(TP_ERR_FORMAT, "key %s: no tensor name of at most %d characters reads it (each byte outside "
+                       "[A-Za-z0-9._] written -hh)", e->key, CKPT_NAME_MAX);
+    t->name = e->name;
     t->role = "param";
     torch_dtype_to_tp(e->dtype, &t->dtype);
     t->ndim = e->ndim;
@@ -734,6 +818,63 @@ int dcp_box_boxes(const char *where, const ckpt_tensor_desc *t, int file, int64_
     return TP_OK;
 }
 
+/* Runs of a chunk stored dense in another order than row-major that a
+ * checkpoint's reader takes at most, each a box (about 150 bytes). */
+#define DENSE_RUNS_MAX ((int64_t)1 << 20)
+
+/* Adds the boxes of chunk c of entry e, described by t, whose data starts
+ * at data_offset dense in order (torch_tensor_dense_order): one box where
+ * that is row-major; else one per run of the dimensions innermost in
+ * memory that are in row-major order too, the others stepped over (a
+ * transposed [R, C] chunk, strides (1, R), is C boxes of [R, 1]; a
+ * channels_last [N, C, H, W] one N x H x W boxes of [1, C, 1, 1]). runs
+ * counts those boxes against DENSE_RUNS_MAX. */
+static int add_chunk_boxes(const char *where, const ckpt_tensor_desc *t, const dcp_entry *e, const dcp_chunk *c,
+                           int64_t data_offset, const int *order, ckpt_foreign_box **boxes, int64_t *num_boxes,
+                           int64_t *capacity, int64_t *runs)
+{
+    int m = 0; /* dimensions of more than one element: order's first */
+    while (m < e->ndim && c->sizes[order[m]] > 1) m++;
+    int inner = m > 0 ? m - 1 : 0; /* the first of the innermost run in row-major order */
+    while (inner > 0 && order[inner - 1] < order[inner]) inner--;
+    int64_t stride[TORCH_MAX_DIMS] = {0}, count = 1, step = 1;
+    for (int j = m - 1; j >= 0; j--) {
+        stride[order[j]] = step;
+        step *= c->sizes[order[j]];
+        if (j < inner) count *= c->sizes[order[j]];
+    }
+    if (count > 1 && count > DENSE_RUNS_MAX - *runs) {
+        char strides[256];
+        ckpt_shape_text(stride, e->ndim, strides, sizeof strides);
+        return tp_fail(TP_ERR_FORMAT, "%s: the chunk at %lld is stored with strides %s: %lld runs to read, more than "
+                       "the %lld runs of such chunks a checkpoint is read in", where, (long long)c->item_offset, strides,
+                       (long long)count, (long long)DENSE_RUNS_MAX);
+    }
+    if (count > 1) *runs += count;
+    int64_t index[TORCH_MAX_DIMS] = {0}; /* along the dimensions stepped over, order[0..inner) */
+    for (int64_t r = 0; r < count; r++) {
+        int64_t offsets[TORCH_MAX_DIMS], sizes[TORCH_MAX_DIMS], at = 0, n;
+        memcpy(offsets, c->offsets, sizeof offsets);
+        memcpy(sizes, c->sizes, sizeof sizes);
+        for (int j = 0; j < inner; j++) {
+            offsets[order[j]] += index[order[j]];
+            sizes[order[j]] = 1;
+            at += index[order[j]] * stride[order[j]];
+        }
+        if (*num_boxes + CKPT_MAX_SEGMENTS > *capacity) {
+            ckpt_foreign_box *grown = realloc(*boxes, (size_t)(2 * *capacity) * sizeof **boxes);
+            if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory for the boxes of %s", where);
+            *boxes = grown;
+            *capacity *= 2;
+        }
+        TP_TRY(dcp_box_boxes(where, t, c->file, data_offset + at * (int64_t)torch_dtype_size(e->dtype), offsets, sizes,
+                             *boxes + *num_boxes, &n));
+        *num_boxes += n;
+        for (int j = inner - 1; j >= 0 && ++index[order[j]] == c->sizes[order[j]]; j--) index[order[j]] = 0;
+    }
+    return TP_OK;
+}
+
 int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads, ckpt_reader **out)
 {
     *out = NULL;
@@ -757,14 +898,15 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
         if (description) {
             descs[i] = *ckpt_description_tensor(description, i);
             digests[i] = ckpt_description_digest(description, i);
-            char key[CKPT_NAME_MAX + 1];
-            dcp_key_of(descs[i].name, key, sizeof key);
-            entry[i] = dcp_find(dcp, key);
+            entry[i] = dcp_find_tensor(dcp, descs[i].name);
             if (entry[i] >= 0 && used[entry[i]]++) {
-                status = tp_fail(TP_ERR_FORMAT, "%s: the description carried lists %s twice", dcp->path, key);
+                status = tp_fail(TP_ERR_FORMAT, "%s: the description carried lists %s twice", dcp->path,
+                                 dcp->entries[entry[i]].key);
                 continue;
             }
-            if (entry[i] < 0) status = tp_fail(TP_ERR_FORMAT, "%s: the description carried lists %s, which is not there", dcp->path, key);
+            if (entry[i] < 0)
+                status = tp_fail(TP_ERR_FORMAT, "%s: the description carried lists %s, which is not there", dcp->path,
+                                 descs[i].name);
             else status = check_described(dcp, &descs[i], &dcp->entries[entry[i]]);
             if (!status) total_chunks += dcp->entries[entry[i]].num_chunks;
             continue;
@@ -778,9 +920,11 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
     /* Locate every chunk with data, in parallel: an item's archive each. */
     int64_t *chunk = calloc((size_t)total_chunks + 1, sizeof *chunk), *data_offset = calloc((size_t)total_chunks + 1, sizeof *data_offset);
     int *chunk_entry = calloc((size_t)total_chunks + 1, sizeof *chunk_entry);
+    int (*orders)[TORCH_MAX_DIMS] = calloc((size_t)total_chunks + 1, sizeof *orders);
     ckpt_foreign_check *checks = calloc((size_t)total_chunks + 1, sizeof *checks);
-    int64_t located = 0;
-    if (!status && (!chunk || !data_offset || !chunk_entry || !checks)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    int64_t located = 0, runs = 0;
+    if (!status && (!chunk || !data_offset || !chunk_entry || !orders || !checks))
+        status = tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; !status && i < n; i++) {
         const dcp_entry *e = &dcp->entries[entry[i]];
         for (int k = 0; k < e->num_chunks; k++)
@@ -789,7 +933,7 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
                 chunk_entry[located++] = entry[i];
             }
     }
-    if (!status) status = dcp_locate(dcp, located, chunk, chunk_entry, threads, data_offset, checks);
+    if (!status) status = dcp_locate(dcp, located, chunk, chunk_entry, threads, data_offset, orders, checks);
     int num_checks = status ? 0 : dcp_compact_checks(checks, located);
     /* The boxes: a chunk may become one per segment it spans, most one
      * (grown as they come: room for every chunk's 16 was 2.3 KB a chunk). */
@@ -801,21 +945,10 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
         box_first[i] = num_boxes;
         const dcp_entry *e = &dcp->entries[entry[i]];
         for (; at < located && chunk_entry[at] == entry[i] && !status; at++) {
-            int64_t m;
-            if (num_boxes + CKPT_MAX_SEGMENTS > box_capacity) {
-                ckpt_foreign_box *grown = realloc(boxes, (size_t)(2 * box_capacity) * sizeof *boxes);
-                if (!grown) {
-                    status = tp_fail(TP_ERR_NOMEM, "out of memory for %lld chunks' boxes", (long long)located);
-                    break;
-                }
-                boxes = grown;
-                box_capacity *= 2;
-            }
-            const dcp_chunk *c = &dcp->chunks[chunk[at]];
             char where[CKPT_PATH_MAX + KEY_MAX + 8];
             snprintf(where, sizeof where, "%s: %s", dcp->path, e->key);
-            status = dcp_box_boxes(where, &descs[i], c->file, data_offset[at], c->offsets, c->sizes, boxes + num_boxes, &m);
-            num_boxes += m;
+            status = add_chunk_boxes(where, &descs[i], e, &dcp->chunks[chunk[at]], data_offset[at], orders[at], &boxes,
+                                     &num_boxes, &box_capacity, &runs);
         }
     }
     if (!status) box_first[n] = num_boxes;
@@ -842,6 +975,7 @@ int dcp_reader_open(const dcp_checkpoint *dcp, int compute_digests, int threads,
     free(chunk);
     free(chunk_entry);
     free(data_offset);
+    free(orders);
     free(checks);
     free(descs);
     free(entry);

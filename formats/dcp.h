@@ -16,10 +16,12 @@
  *
  * Tensors of fp32, bf16 or fp16 with one to eight dimensions are read as
  * this project's tensors (ckpt.h), each chunk a box of its only piece at
- * tp 1 (ckpt_foreign_box): reshard, export, diff and verify work on any
- * chunking, reading only the rows a piece needs. The rest (bytes entries,
- * tensors of other dtypes, scalars) are the checkpoint's other entries,
- * carried byte for byte by a DCP output and left out of others.
+ * tp 1 (ckpt_foreign_box; a chunk torch saved dense in another order, a
+ * transposed one, as the boxes of its runs): reshard, export, diff and
+ * verify work on any chunking, reading only the rows a piece needs. The
+ * rest (bytes entries, tensors of other dtypes, scalars) are the
+ * checkpoint's other entries, carried byte for byte by a DCP output and
+ * left out of others.
  *
  * A DCP checkpoint this project wrote carries the description of the
  * checkpoint it was made from (a bytes entry, DCP_INDEX_KEY): partitions,
@@ -66,6 +68,13 @@ typedef struct {
 
 typedef struct {
     const char *key;          /* the state dict's key ("model.layers.0.attention.wq.weight") */
+    /* A tensor entry's name as this project's tensor (dcp_entry_is_tensor;
+     * else NULL) where the checkpoint carries no description: its key
+     * where that is a tensor name (ckpt_name_is_valid: "a/b.weight" too),
+     * else the key with every byte outside [A-Za-z0-9._] written "-hh" in
+     * hex (UTF-8 "é.weight" is "-c3-a9.weight"); NULL too where that
+     * would be longer than CKPT_NAME_MAX. */
+    const char *name;
     dcp_entry_kind kind;
     torch_dtype dtype;        /* tensors */
     int ndim;
@@ -79,6 +88,12 @@ int dcp_num_entries(const dcp_checkpoint *dcp);
 const dcp_entry *dcp_entry_at(const dcp_checkpoint *dcp, int index);
 /* The entry of that key, or -1. */
 int dcp_find(const dcp_checkpoint *dcp, const char *key);
+/* The entry a tensor of this name is read from, or -1: the entry of that
+ * name (dcp_entry.name: a plain key, kept as it is), else the entry of the
+ * key dcp_key_of(name) (a name of this project's, written with '.' for
+ * '/'). The readers' rule for a description's names, and a DCP output's
+ * for the keys of a DCP source's tensors (dcp_write_options.keys_from). */
+int dcp_find_tensor(const dcp_checkpoint *dcp, const char *name);
 /* Whether an entry is read as a tensor of this project (else an other entry):
  * fp32, bf16 or fp16, of 1 to 8 dimensions, none of size 0. */
 int dcp_entry_is_tensor(const dcp_entry *entry);
@@ -149,6 +164,11 @@ typedef struct {
     /* A DCP source whose other entries (bytes, tensors of other dtypes)
      * the output carries byte for byte; NULL: none. */
     const dcp_checkpoint *others_from;
+    /* The DCP checkpoint source reads (dcp_reader_open), whose tensors
+     * are written under the keys they were read from (dcp_find_tensor),
+     * so that a state dict's key comes out as it went in ("a/b.weight",
+     * a UTF-8 key); NULL: every tensor under dcp_key_of(name). */
+    const dcp_checkpoint *keys_from;
     /* What a format built on DCP changes (dcp_internal.h; formats/ only); NULL: plain DCP. */
     const struct dcp_write_hooks *hooks;
     void (*on_bytes)(void *ctx, int64_t bytes); /* progress: tensor bytes written, from worker threads */
@@ -174,7 +194,8 @@ int dcp_write_plan_create(ckpt_reader *source, const dcp_write_options *options,
  * rank's pieces cut into the boxes of the global tensor it holds (and with
  * dp, those cut again along dimension 0), each tensor under its name
  * with '/' written '.' ("model.layers.0.attn.qkv.weight",
- * "optim.exp_avg.layers.0.attn.qkv.weight"), a replicated tensor written
+ * "optim.exp_avg.layers.0.attn.qkv.weight"; a DCP source's under its own
+ * key, options->keys_from), a replicated tensor written
  * once (by tensor rank 0 of its stage), the source's description as the
  * bytes entry DCP_INDEX_KEY. The output is staged and appears whole or not
  * at all. plan (may be NULL) receives what was done. */

@@ -37,6 +37,9 @@ struct dcp_checkpoint {
     dcp_entry *entries;
     int num_entries;
     int *by_key;        /* entry indices sorted by key */
+    char *names;        /* the tensor entries' plain names (dcp_entry.name), one after another */
+    int *by_name;       /* the indices of the entries named, sorted by name */
+    int num_named;
     dcp_chunk *chunks;  /* every entry's, in entry order */
     int64_t chunk_capacity;
     dcp_file_info *files;
@@ -63,12 +66,15 @@ int dcp_check_item(const dcp_checkpoint *dcp, const dcp_chunk *c);
 /* Opens the items of chunks chunk[0..n) (indices into dcp->chunks, of the
  * entries chunk_entry[]) on threads threads, and gives where each one's
  * tensor data starts in its file: its item a torch.save archive of one
- * row-major tensor of the entry's dtype and the chunk's sizes. checks (may
+ * row-major tensor of the entry's dtype and the chunk's sizes; or, where
+ * orders is not NULL, of one dense in any order of its dimensions (a
+ * transposed or channels_last tensor, as torch.save writes it), whose
+ * order (torch_tensor_dense_order) orders[k] receives. checks (may
  * be NULL; n of them): the zip entry holding each one's data and the CRC-32
  * its archive records for it (named by the entry's key), or bytes -1 where
  * none is recorded; dcp_compact_checks keeps those to check. */
 int dcp_locate(const dcp_checkpoint *dcp, int64_t n, const int64_t *chunk, const int *chunk_entry, int threads,
-               int64_t *data_offset, ckpt_foreign_check *checks);
+               int64_t *data_offset, int (*orders)[TORCH_MAX_DIMS], ckpt_foreign_check *checks);
 /* Moves the checks that record a CRC-32 to the front: how many. */
 int dcp_compact_checks(ckpt_foreign_check *checks, int64_t n);
 

@@ -152,6 +152,25 @@ static int add_chunk(writer *w, int64_t *capacity, out_chunk c, int stage, int t
 }
 
 
+/* The key tensor t is written under where no hooks choose it: the key
+ * it was read from, the source being a DCP checkpoint (options->keys_from:
+ * a state dict's key comes out as it went in), else dcp_key_of(name). */
+static int key_of_tensor(const writer *w, const ckpt_tensor_desc *t, char *key, size_t size)
+{
+    const dcp_checkpoint *from = w->options->keys_from;
+    if (!from) {
+        dcp_key_of(t->name, key, size);
+        return TP_OK;
+    }
+    int e = dcp_find_tensor(from, t->name);
+    if (e < 0) return tp_fail(TP_ERR_STATE, "tensor %s: no entry of %s holds it", t->name, dcp_path(from));
+    const char *read_from = dcp_entry_at(from, e)->key;
+    if (strlen(read_from) >= size)
+        return tp_fail(TP_ERR_STATE, "tensor %s: its key %s is longer than %zu bytes", t->name, read_from, size - 1);
+    memcpy(key, read_from, strlen(read_from) + 1);
+    return TP_OK;
+}
+
 /* The chunks of every tensor written, and their order by file. */
 static int plan_chunks(writer *w, dcp_write_plan *plan)
 {
@@ -172,7 +191,7 @@ static int plan_chunks(writer *w, dcp_write_plan *plan)
         int k = w->num_tensors, skip = 0;
         int64_t index = -1, stack = 0;
         if (hooks && hooks->key_of) TP_TRY(hooks->key_of(hooks->ctx, i, w->keys[k], sizeof w->keys[k], &index, &stack, &skip));
-        else dcp_key_of(t->name, w->keys[k], sizeof w->keys[k]);
+        else TP_TRY(key_of_tensor(w, t, w->keys[k], sizeof w->keys[k]));
         if (skip) continue;
         if (stack > 0 && (index < 0 || index >= stack))
             return tp_fail(TP_ERR_STATE, "tensor %s: place %lld along the leading axis of %s, of %lld", t->name,

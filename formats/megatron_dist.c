@@ -1224,7 +1224,7 @@ static int locate_chunks(const megatron_dist *m, const char *used, int threads, 
     }
     l->checks = status ? NULL : calloc((size_t)l->located + 1, sizeof *l->checks);
     if (!status && !l->checks) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (!status) status = dcp_locate(dcp, l->located, l->chunk, l->chunk_entry, threads, l->data_offset, l->checks);
+    if (!status) status = dcp_locate(dcp, l->located, l->chunk, l->chunk_entry, threads, l->data_offset, NULL, l->checks);
     l->num_checks = status ? 0 : dcp_compact_checks(l->checks, l->located);
     if (status) chunk_locations_free(l);
     return status;

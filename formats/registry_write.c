@@ -410,7 +410,8 @@ static int plan_dcp(formats_source *source, const formats_write_options *o, form
     if (!w) return tp_fail(TP_ERR_NOMEM, "out of memory");
     *state = w;
     w->source = reader;
-    /* A DCP source (not a torch_dist one: its entries are Megatron's) gives its other entries and its torch's dialect. */
+    /* A DCP source (not a torch_dist one: its entries are Megatron's) gives its other entries, its tensors' keys
+     * and its torch's dialect. */
     const dcp_checkpoint *dcp = strcmp(formats_source_format(source)->name, "dcp") ? NULL : formats_source_dcp(source);
     dcp_torch_version torch = o->torch_version >= 0 ? (dcp_torch_version)o->torch_version
                               : dcp                 ? dcp_torch_version_of(dcp)
@@ -418,7 +419,7 @@ static int plan_dcp(formats_source *source, const formats_write_options *o, form
     w->options = (dcp_write_options){
         .tp = o->reshard.tp, .pp = o->reshard.pp, .dp = o->dp > 1 ? o->dp : 1, .torch_version = torch,
         .overwrite = o->reshard.overwrite, .threads = o->reshard.threads, .weights_only = o->reshard.drop_optimizer,
-        .memory_limit = o->reshard.memory_limit, .others_from = dcp, .on_bytes = o->reshard.on_bytes,
+        .memory_limit = o->reshard.memory_limit, .others_from = dcp, .keys_from = dcp, .on_bytes = o->reshard.on_bytes,
         .progress_ctx = o->reshard.progress_ctx};
     TP_TRY(dcp_write_plan_create(reader, &w->options, &w->plan));
     const dcp_write_plan *p = &w->plan;

@@ -221,10 +221,22 @@ int64_t torch_tensor_numel(const pickle_value *tensor);
  * of its shape; dimensions of size 1 may have any stride). */
 int torch_tensor_is_contiguous(const pickle_value *tensor);
 
+/* Whether a tensor's elements are dense in some order of its dimensions
+ * (each element once, no gaps: a transposed or channels_last tensor, which
+ * torch.save writes with its strides): order receives its dimensions from
+ * the outermost in memory to the innermost (stride 1), those of size 1
+ * last (a contiguous tensor's: its dimensions in order, those of size 1
+ * moved last). */
+int torch_tensor_dense_order(const pickle_value *tensor, int order[TORCH_MAX_DIMS]);
+
 /* Where a contiguous tensor's bytes are in the archive's file:
  * [*offset, *offset + *size). TP_ERR_FORMAT naming the tensor for a
  * non-contiguous one. */
 int torch_tensor_range(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size);
+/* torch_tensor_range of a dense tensor in any order (torch_tensor_dense_order;
+ * TP_ERR_FORMAT for one whose strides overlap or leave gaps): its bytes
+ * are its elements in that order. */
+int torch_tensor_dense_range(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size);
 
 /* The zip entry holding a tensor's storage, so that a reader of the
  * tensor's bytes checks them as it reads: the entry's bytes

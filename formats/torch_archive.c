@@ -234,6 +234,33 @@ int torch_tensor_is_contiguous(const pickle_value *tensor)
     return 1;
 }
 
+int torch_tensor_dense_order(const pickle_value *tensor, int order[TORCH_MAX_DIMS])
+{
+    const pickle_tensor *t = tensor->tensor;
+    int n = 0;
+    /* Dimensions of more than one element by stride, largest first (an
+     * insertion sort: at most 16); those of one element take any stride
+     * and no place in memory, so they come last. */
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 1) continue;
+        int at = n++;
+        while (at > 0 && t->stride[order[at - 1]] < t->stride[d]) {
+            order[at] = order[at - 1];
+            at--;
+        }
+        order[at] = d;
+    }
+    for (int d = 0, k = n; d < t->ndim; d++)
+        if (t->shape[d] == 1) order[k++] = d;
+    /* Dense: the innermost stride 1, each next one the size of what it steps over. */
+    int64_t expected = 1;
+    for (int k = n - 1; k >= 0; k--) {
+        if (t->stride[order[k]] != expected) return 0;
+        expected *= t->shape[order[k]];
+    }
+    return 1;
+}
+
 /* Where the storage's data starts in the file, checked to hold its elements. */
 static int storage_entry(const torch_archive *archive, const pickle_value *storage, int *entry)
 {
@@ -259,12 +286,18 @@ static int storage_range(const torch_archive *archive, const pickle_value *stora
     return TP_OK;
 }
 
-/* Where a contiguous tensor's bytes are in the archive (not its file). */
-static int tensor_range_in_archive(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size)
+/* Where a tensor's bytes are in the archive (not its file): a contiguous
+ * one's, or with dense, a torch_tensor_dense_order one's. */
+static int tensor_bytes_in_archive(const torch_archive *archive, const pickle_value *tensor, int dense, int64_t *offset,
+                                   int64_t *size)
 {
     if (!tensor || tensor->kind != PICKLE_TENSOR) return tp_fail(TP_ERR_ARG, "%s: not a tensor", zip_path(archive->zip));
     const pickle_value *storage = tensor->tensor->storage;
-    if (!torch_tensor_is_contiguous(tensor))
+    int order[TORCH_MAX_DIMS];
+    if (dense && !torch_tensor_dense_order(tensor, order))
+        return tp_fail(TP_ERR_FORMAT, "%s: a tensor of storage %s is not dense (its strides overlap or leave gaps)",
+                       zip_path(archive->zip), storage->storage.key);
+    if (!dense && !torch_tensor_is_contiguous(tensor))
         return tp_fail(TP_ERR_FORMAT, "%s: a tensor of storage %s is not contiguous (a view saved with its strides)",
                        zip_path(archive->zip), storage->storage.key);
     int64_t data, element = (int64_t)torch_dtype_size(storage->storage.dtype);
@@ -275,9 +308,22 @@ static int tensor_range_in_archive(const torch_archive *archive, const pickle_va
     return TP_OK;
 }
 
+/* Where a contiguous tensor's bytes are in the archive (not its file). */
+static int tensor_range_in_archive(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size)
+{
+    return tensor_bytes_in_archive(archive, tensor, 0, offset, size);
+}
+
 int torch_tensor_range(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size)
 {
     TP_TRY(tensor_range_in_archive(archive, tensor, offset, size));
+    *offset += zip_base(archive->zip);
+    return TP_OK;
+}
+
+int torch_tensor_dense_range(const torch_archive *archive, const pickle_value *tensor, int64_t *offset, int64_t *size)
+{
+    TP_TRY(tensor_bytes_in_archive(archive, tensor, 1, offset, size));
     *offset += zip_base(archive->zip);
     return TP_OK;
 }

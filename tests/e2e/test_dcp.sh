@@ -155,18 +155,68 @@ PYEOF
     expect_ok "reshard it -> DCP, verified" "$RS" "$WORK/empties" --to tp2 -o "$WORK/empties.dcp" --verify
     expect_ok "torch loads it equal, the tensors of size 0 carried" "$PY" "$JUDGE" compare-dcp "$WORK/empties" \
         "$WORK/empties.dcp"
-    # Keys that differ by '/' and '.' only: refused for a DCP output, naming both.
-    run "$PY" - "$JUDGE" "$WORK/slashes" <<'PYEOF'
+    # A state dict's keys come out of a DCP output as they went in: '/' in a
+    # key (it was written '.'), keys that differ by '/' and '.' only (they
+    # were refused as one key).
+    run "$PY" - "$JUDGE" "$WORK/slashes" "$WORK/utf8" <<'PYEOF'
 import runpy, sys, torch
 judge = runpy.run_path(sys.argv[1])
-sd = {"model/w": torch.ones(4, 3), "model.w": torch.zeros(2)}
+v = judge["values"]
+sd = {"a/b.weight": v([4, 3], torch.float32, 1.0), "model/w": v([5], torch.float32, 2.0),
+      "model.w": v([2], torch.bfloat16, 3.0)}
 judge["alone"](lambda rank, ranks: judge["save"](sd, sys.argv[2]))
+sd = {"\u00e9.weight": v([3, 2], torch.float32, 4.0), "\u5c42/\u504f\u7f6e": v([6], torch.float16, 5.0),
+      "a b:c": v([2, 2], torch.float32, 6.0), "plain": v([3], torch.float32, 7.0)}
+judge["alone"](lambda rank, ranks: judge["save"](sd, sys.argv[3]))
 PYEOF
-    check "torch wrote keys model/w and model.w" [ "$RC" -eq 0 ]
-    expect_error "a DCP output of model/w and model.w names both" 1 \
+    check "torch wrote keys a/b.weight, model/w and model.w; UTF-8 keys and one with a space and a colon" [ "$RC" -eq 0 ]
+    expect_ok "info of the keys with '/'" "$CK" info "$WORK/slashes"
+    check_all "a key that is a tensor name is its name" 'grep -Eq "^a/b.weight +fp32 +\[4, 3\]" "$WORK/.out" &&
+        grep -Eq "^model/w +fp32 +\[5\]" "$WORK/.out" && grep -Eq "^model.w +bf16 +\[2\]" "$WORK/.out"'
+    expect_ok "info of the UTF-8 keys (the whole checkpoint was refused)" "$CK" info "$WORK/utf8"
+    check_all "another key is named with its bytes outside [A-Za-z0-9._] as -hh" \
+        'grep -Eq "^-c3-a9.weight +fp32 +\[3, 2\]" "$WORK/.out" && grep -Eq "^a-20b-3ac +fp32" "$WORK/.out" &&
+         grep -Eq "^-e5-b1-82-2f-e5-81-8f-e7-bd-ae +fp16 +\[6\]" "$WORK/.out" && grep -Eq "^plain +fp32" "$WORK/.out"'
+    for k in slashes utf8; do
+        expect_ok "$k: reshard -> DCP at tp2, verified" "$RS" "$WORK/$k" --to tp2 -o "$WORK/$k.dcp" --verify
+        expect_ok "$k: torch loads every key of the output as it wrote it, equal, whole and over 2 ranks" "$PY" \
+            "$JUDGE" compare-dcp "$WORK/$k" "$WORK/$k.dcp" --ranks 2
+        expect_ok "$k: and again DCP -> DCP (the keys found through the description it carries)" "$RS" \
+            "$WORK/$k.dcp" --to tp1 -o "$WORK/$k.dcp2" --verify
+        expect_ok "$k: torch loads that one as it wrote it too" "$PY" "$JUDGE" compare-dcp "$WORK/$k" "$WORK/$k.dcp2"
+        expect_ok "$k: -> this toolkit's format" "$RS" "$WORK/$k" --format tp --to tp1 -o "$WORK/$k.tp" --verify
+        expect_ok "$k: which equals the DCP" "$CK" diff "$WORK/$k" "$WORK/$k.tp"
+    done
+    # This toolkit's names (model/w and model.w of that conversion) are
+    # written with '.' for '/': two of them under one key are refused, naming both.
+    expect_error "a DCP output of this toolkit's model/w and model.w names both" 1 \
         "two tensors are written under the key model\.w \((model/w and model\.w|model\.w and model/w);" \
-        "$RS" "$WORK/slashes" --to tp1 -o "$WORK/slashes.dcp"
-    check "nothing written" test ! -e "$WORK/slashes.dcp"
+        "$RS" "$WORK/slashes.tp" --format dcp --to tp1 -o "$WORK/slashes.tp.dcp"
+    check "nothing written" test ! -e "$WORK/slashes.tp.dcp"
+    # Tensors torch.save writes with their strides (DCP does not make them
+    # contiguous): a transposed one, a channels_last one, read in their
+    # order; strides that overlap are refused, naming the entry.
+    run "$PY" - "$JUDGE" "$WORK/strided" "$WORK/overlapping" <<'PYEOF'
+import runpy, sys, torch
+judge = runpy.run_path(sys.argv[1])
+v = judge["values"]
+sd = {"t": v([5, 3], torch.float32, 1.0).t(), "c": v([2, 3, 4, 2], torch.bfloat16, 2.0).to(memory_format=torch.channels_last),
+      "b": v([3], torch.float32, 3.0)}
+assert not sd["t"].is_contiguous() and not sd["c"].is_contiguous()
+judge["alone"](lambda rank, ranks: judge["save"](sd, sys.argv[2]))
+overlapping = {"w": torch.as_strided(torch.arange(12, dtype=torch.float32), (3, 4), (1, 1))}
+judge["alone"](lambda rank, ranks: judge["save"](overlapping, sys.argv[3]))
+PYEOF
+    check "torch wrote a transposed and a channels_last tensor, and one of overlapping strides" [ "$RC" -eq 0 ]
+    expect_ok "the strided tensors -> this toolkit's format, verified" "$RS" "$WORK/strided" --format tp --to tp1 \
+        -o "$WORK/strided.tp" --verify
+    expect_ok "torch reads them as we read them" "$PY" "$JUDGE" compare-ckpt "$WORK/strided" "$WORK/strided.tp"
+    expect_ok "the strided tensors -> DCP at tp2, verified" "$RS" "$WORK/strided" --to tp2 -o "$WORK/strided.dcp" --verify
+    expect_ok "torch loads our DCP of them equal, whole and over 2 ranks" "$PY" "$JUDGE" compare-dcp "$WORK/strided" \
+        "$WORK/strided.dcp" --ranks 2
+    expect_error "strides that overlap: refused, naming the entry and its strides" 1 \
+        "overlapping/__0_0.distcp: w: the chunk at 0 is stored with strides \[1, 1\], which overlap or leave gaps" \
+        "$CK" info "$WORK/overlapping"
 fi
 
 # ------------------------------------------------ this toolkit's checkpoints

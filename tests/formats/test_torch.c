@@ -532,6 +532,37 @@ Test(torch, tensors_reaching_past_their_storage_are_refused)
 }
 
 /* Every prefix of a valid stream fails with a message; none crashes. */
+/* torch_tensor_dense_order of a view of that shape and strides: -1 when
+ * not dense, else the order's dimensions as digits ("10": dim 1 outer). */
+static int dense_order_digits(int ndim, const int64_t *shape, const int64_t *stride)
+{
+    pickle_tensor view = {.ndim = ndim};
+    memcpy(view.shape, shape, sizeof(int64_t) * (size_t)ndim);
+    memcpy(view.stride, stride, sizeof(int64_t) * (size_t)ndim);
+    pickle_value v = {.kind = PICKLE_TENSOR, .tensor = &view};
+    int order[TORCH_MAX_DIMS], digits = 0;
+    if (!torch_tensor_dense_order(&v, order)) return -1;
+    for (int d = 0; d < ndim; d++) digits = digits * 10 + order[d];
+    return digits;
+}
+
+/* What torch.save writes of a transposed or channels_last tensor (DCP
+ * saves them with their strides): dense, in the order of its strides;
+ * overlapping or gapped strides are not. */
+Test(torch, dense_orders_of_strided_tensors)
+{
+    cr_assert_eq(dense_order_digits(2, (int64_t[]){3, 4}, (int64_t[]){4, 1}), 1, "row-major: 0 then 1");
+    cr_assert_eq(dense_order_digits(2, (int64_t[]){4, 3}, (int64_t[]){1, 4}), 10, "transposed: dim 1 outermost");
+    /* channels_last [N, C, H, W]: strides [H W C, 1, W C, C]: N, H, W, C. */
+    cr_assert_eq(dense_order_digits(4, (int64_t[]){2, 3, 4, 5}, (int64_t[]){60, 1, 15, 3}), 231);
+    /* A dimension of one element takes any stride and comes last. */
+    cr_assert_eq(dense_order_digits(3, (int64_t[]){4, 1, 3}, (int64_t[]){1, 99, 4}), 201);
+    cr_assert_eq(dense_order_digits(2, (int64_t[]){3, 4}, (int64_t[]){1, 1}), -1, "overlapping");
+    cr_assert_eq(dense_order_digits(2, (int64_t[]){3, 4}, (int64_t[]){0, 1}), -1, "broadcast");
+    cr_assert_eq(dense_order_digits(2, (int64_t[]){3, 4}, (int64_t[]){8, 1}), -1, "gaps between rows");
+    cr_assert_eq(dense_order_digits(2, (int64_t[]){3, 4}, (int64_t[]){8, 2}), -1, "every other element");
+}
+
 Test(torch, every_truncation_of_a_stream_fails)
 {
     unsigned char data[400];
