@@ -337,6 +337,45 @@ static int info_megatron(const char *path, int json)
     return 0;
 }
 
+/* The other entries of a distributed checkpoint (dcp_entry_is_other: a
+ * DCP's, a torch_dist checkpoint's), as info lists them: the JSON array
+ * "others", or a table after the tensors' headed by what becomes of them. */
+static void add_other_entries(cJSON *root, const dcp_checkpoint *d)
+{
+    cJSON *list = cJSON_AddArrayToObject(root, "others");
+    for (int i = 0; i < dcp_num_entries(d); i++) {
+        const dcp_entry *e = dcp_entry_at(d, i);
+        if (!dcp_entry_is_other(e)) continue;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "key", e->key);
+        cJSON_AddStringToObject(o, "kind", e->kind == DCP_BYTES ? "bytes" : torch_dtype_name(e->dtype));
+        cJSON *shape = cJSON_AddArrayToObject(o, "shape");
+        for (int k = 0; e->kind == DCP_TENSOR && k < e->ndim; k++)
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)e->shape[k]));
+        cJSON_AddItemToArray(list, o);
+    }
+}
+
+static void print_other_entries(const dcp_checkpoint *d, const char *heading)
+{
+    for (int i = 0, first = 1; i < dcp_num_entries(d); i++) {
+        const dcp_entry *e = dcp_entry_at(d, i);
+        if (!dcp_entry_is_other(e)) continue;
+        if (first) printf("\n%-44s %-10s %s\n", heading, "kind", "shape");
+        first = 0;
+        char shape[64] = "";
+        if (e->kind == DCP_TENSOR) ckpt_shape_text(e->shape, e->ndim, shape, sizeof shape);
+        printf("%-44s %-10s %s\n", e->key, e->kind == DCP_BYTES ? "bytes" : torch_dtype_name(e->dtype), shape);
+    }
+}
+
+static int count_other_entries(const dcp_checkpoint *d)
+{
+    int n = 0;
+    for (int i = 0; d && i < dcp_num_entries(d); i++) n += dcp_entry_is_other(dcp_entry_at(d, i));
+    return n;
+}
+
 /* A PyTorch distributed checkpoint: its tensors as read (described by the
  * description it carries, or plainly) and its other entries. */
 static int info_dcp(const char *path, int json)
@@ -349,10 +388,7 @@ static int info_dcp(const char *path, int json)
         return code;
     }
     const char *torch = dcp_torch_version_of(d) == DCP_TORCH_1_13 ? "1.13" : "2";
-    int others = 0;
-    for (int i = 0; i < dcp_num_entries(d); i++)
-        others += dcp_entry_is_other(dcp_entry_at(d, i));
-    int code = 0;
+    int others = count_other_entries(d), code = 0;
     if (json) {
         cJSON *root = index_object(r);
         code = root ? 0 : 1;
@@ -362,18 +398,7 @@ static int info_dcp(const char *path, int json)
             cJSON_AddStringToObject(root, "torch", torch);
             cJSON_AddBoolToObject(root, "described", dcp_has_description(d));
             cJSON_AddNumberToObject(root, "total_bytes", (double)dcp_bytes(d));
-            cJSON *list = cJSON_AddArrayToObject(root, "others");
-            for (int i = 0; i < dcp_num_entries(d); i++) {
-                const dcp_entry *e = dcp_entry_at(d, i);
-                if (!dcp_entry_is_other(e)) continue;
-                cJSON *o = cJSON_CreateObject();
-                cJSON_AddStringToObject(o, "key", e->key);
-                cJSON_AddStringToObject(o, "kind", e->kind == DCP_BYTES ? "bytes" : torch_dtype_name(e->dtype));
-                cJSON *shape = cJSON_AddArrayToObject(o, "shape");
-                for (int k = 0; e->kind == DCP_TENSOR && k < e->ndim; k++)
-                    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)e->shape[k]));
-                cJSON_AddItemToArray(list, o);
-            }
+            add_other_entries(root, d);
             print_object(root);
         }
     } else {
@@ -390,14 +415,7 @@ static int info_dcp(const char *path, int json)
         printf("files        %d data files and .metadata, %s\n", dcp_num_files(d), size);
         printf("tensors      %d read as tensors, %d other entries\n\n", ckpt_reader_num_tensors(r), others);
         info_table(r);
-        if (others) printf("\n%-44s %-10s %s\n", "other entries (carried by a DCP output)", "kind", "shape");
-        for (int i = 0; i < dcp_num_entries(d); i++) {
-            const dcp_entry *e = dcp_entry_at(d, i);
-            if (!dcp_entry_is_other(e)) continue;
-            char shape[64] = "";
-            if (e->kind == DCP_TENSOR) ckpt_shape_text(e->shape, e->ndim, shape, sizeof shape);
-            printf("%-44s %-10s %s\n", e->key, e->kind == DCP_BYTES ? "bytes" : torch_dtype_name(e->dtype), shape);
-        }
+        print_other_entries(d, "other entries (carried by a DCP output)");
     }
     ckpt_reader_close(r);
     dcp_close(d);
@@ -435,6 +453,7 @@ static int info_megatron_dist(const char *path, int json)
             if (c->optimizer_read) cJSON_AddStringToObject(root, "optimizer_layout", megatron_dist_optimizer_layout(m));
             if (refusal) cJSON_AddStringToObject(root, "optimizer_refusal", refusal);
             cJSON_AddNumberToObject(root, "total_bytes", (double)dcp_bytes(d));
+            add_other_entries(root, d);
             print_object(root);
         }
     } else {
@@ -460,8 +479,10 @@ static int info_megatron_dist(const char *path, int json)
         else if (c->optimizer_read)
             printf("optimizer    Adam state of the distributed optimizer, %s, read: optim/ROLE/NAME\n", layout);
         else if (refusal) printf("optimizer    not read: %s\n", refusal);
-        printf("tensors      %d\n\n", ckpt_reader_num_tensors(r));
+        printf("tensors      %d read as tensors, %d other entries (objects, states, counters)\n\n",
+               ckpt_reader_num_tensors(r), count_other_entries(d));
         info_table(r);
+        print_other_entries(d, "other entries (not read as tensors)");
     }
     ckpt_reader_close(r);
     megatron_dist_close(m);
@@ -480,8 +501,9 @@ static int cmd_info(int argc, char **argv)
                    "CKPT: a checkpoint or run directory of this toolkit, a Megatron-LM legacy\n"
                    "checkpoint (the directory with latest_checkpointed_iteration.txt, or an\n"
                    "iteration's directory), whose tensors are listed with their canonical names,\n"
-                   "or a PyTorch distributed checkpoint (a directory with .metadata), whose other\n"
-                   "entries (bytes, tensors of other dtypes) are listed after its tensors.\n");
+                   "or a PyTorch distributed checkpoint (a directory with .metadata) or a\n"
+                   "Megatron-Core torch_dist one, whose other entries (bytes, tensors of other\n"
+                   "dtypes) are listed after its tensors.\n");
             return 0;
         } else die_usage("info: unknown option or missing value: '%s'", cli_rejected_option(argv));
     }
@@ -896,15 +918,6 @@ static int64_t diff_side_vocab(const char *path, int64_t true_vocab, int *pads, 
     return *pads ? true_vocab : 0;
 }
 
-/* The other entries of a DCP source (not the description), else 0. */
-static int diff_other_entries(const formats_source *source)
-{
-    const dcp_checkpoint *d = strcmp(formats_source_format(source)->name, "dcp") ? NULL : formats_source_dcp(source);
-    int n = 0;
-    for (int i = 0; d && i < dcp_num_entries(d); i++)
-        n += dcp_entry_is_other(dcp_entry_at(d, i));
-    return n;
-}
 
 static int cmd_diff(int argc, char **argv)
 {
@@ -977,10 +990,13 @@ static int cmd_diff(int argc, char **argv)
     if (sa->step != sb->step)
         printf("note: steps differ (%lld vs %lld)\n", (long long)sa->step, (long long)sb->step);
     if (strcmp(sa->model_json, sb->model_json) != 0) printf("note: model configurations differ\n");
-    /* A DCP side's other entries (int64 and 0-dimensional tensors, bytes:
-     * step counters, schedulers, RNG states) are not tensors compared here:
-     * said, so that "equal" is not taken to cover them. */
-    int others_a = diff_other_entries(source_a), others_b = diff_other_entries(source_b);
+    /* A distributed checkpoint's other entries (a DCP's or a torch_dist
+     * one's: int64 and 0-dimensional tensors, bytes: step counters,
+     * schedulers, RNG states, Megatron's common state and extra states)
+     * are not tensors compared here: said, so that "equal" is not taken to
+     * cover them. */
+    int others_a = count_other_entries(formats_source_dcp(source_a)),
+        others_b = count_other_entries(formats_source_dcp(source_b));
     if (others_a || others_b)
         printf("note: other entries of a distributed checkpoint not compared (%d in A, %d in B: tensors of other dtypes "
                "or without dimensions, bytes entries; tp-ckpt info lists them)\n", others_a, others_b);

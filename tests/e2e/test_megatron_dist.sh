@@ -36,6 +36,23 @@ case_pair() {
 }
 case_pair gpt --names core --tp 2 --pp 2 --dtype bf16 --optimizer
 check "diff compared the weights and the Adam state with fp32 masters" grep -q "^equal: 208 tensors" "$WORK/.out"
+# The entries that are no tensors read (Transformer Engine's _extra_state
+# objects, counters) are not compared: diff says how many, as of a DCP;
+# torch's own reading of the .metadata counts them.
+OTHERS=$("$PY" - "$ROOT/tests/formats/dcp_torch.py" "$WORK/gpt.dist/iter_0001000" <<'PYEOF'
+import runpy, sys, torch
+md = runpy.run_path(sys.argv[1])["read_metadata"](sys.argv[2])
+floats = (torch.float32, torch.bfloat16, torch.float16)
+print(sum(not hasattr(m, "chunks") or m.properties.dtype not in floats or not 1 <= len(m.size) <= 8 or 0 in m.size
+          for m in md.state_dict_metadata.values()))
+PYEOF
+)
+check "torch counts the torch_dist checkpoint's entries that are no tensors ($OTHERS)" [ "${OTHERS:-0}" -gt 0 ]
+check "diff says the torch_dist side's other entries were not compared, as many as torch counts" grep -q \
+    "^note: other entries of a distributed checkpoint not compared (0 in A, $OTHERS in B" "$WORK/.out"
+expect_ok "info of the torch_dist checkpoint" "$CK" info "$WORK/gpt.dist"
+check_all "info counts and lists them" 'grep -q "^tensors      208 read as tensors, $OTHERS other entries" "$WORK/.out" &&
+    [ "$(sed -n "/^other entries (not read as tensors)/,\$p" "$WORK/.out" | tail -n +2 | wc -l)" -eq "$OTHERS" ]'
 case_pair llama --names core --tp 2 --swiglu --query-groups 2 --untied --rope --rmsnorm --no-bias --dtype bf16 \
     --optimizer --dp 2
 case_pair local --names core-local --tp 4 --numbered --dtype fp32 --optimizer
