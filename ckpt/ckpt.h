@@ -629,6 +629,19 @@ int ckpt_verify_whole(ckpt_reader *reader, int threads);
 int ckpt_verify_checkpoint(const char *path, int threads, const ckpt_read_options *options);
 void ckpt_verify_result_free(ckpt_verify_result *result);
 
+/* Bytes of a verified read: a piece's digest is computed this many bytes
+ * of whole checksum blocks at a time (one block where a block is larger). */
+#define CKPT_VERIFY_READ_BYTES ((int64_t)16 << 20)
+
+/* Bytes of buffers one thread of ckpt_verify holds at most for this
+ * checkpoint, beside CKPT_THREAD_MEMORY: its largest piece's verified read
+ * (whole blocks, up to CKPT_VERIFY_READ_BYTES), a compressed piece's chunk
+ * and its compressed bound, and a foreign piece's bounce buffer (its box
+ * rows, up to 8 MiB). A checkpoint whose pieces are small needs that much
+ * alone: a memory limit is sized from it (reshard_threads_within), so that
+ * a checkpoint of kilobytes is not given 16 MiB a thread it never reads. */
+int64_t ckpt_reader_verify_thread_bytes(const ckpt_reader *reader);
+
 
 
 /* Size limits of the small files the toolkit reads: far above what real
@@ -811,6 +824,11 @@ int ckpt_upload(const char *local_dir, const char *url, const ckpt_upload_option
  * file synced, index.json, then published); files in parallel ranged GETs
  * of 8 MiB. Refuses an existing local_dir unless replace. */
 int ckpt_download(const char *url, const char *local_dir, const ckpt_upload_options *options);
+/* Bytes of buffers one thread of ckpt_upload or ckpt_download of this
+ * checkpoint holds at most: twice a download's part (8 MiB, or its largest
+ * file where that is smaller: measured), or the verify of the copy before
+ * it is published (ckpt_reader_verify_thread_bytes), the larger. */
+int64_t ckpt_reader_transfer_thread_bytes(const ckpt_reader *reader);
 /* Uploads a local file, or the files of a local directory tree (an
  * export, a Megatron-LM checkpoint) to url under their relative paths:
  * files in parallel, those that name the others last (names ending in

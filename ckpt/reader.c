@@ -1216,18 +1216,50 @@ int ckpt_reader_read_region(ckpt_reader *r, int i, const int64_t *start, const i
     return status;
 }
 
+/* Blocks of a piece that piece_digest reads at a time: whole blocks of
+ * about CKPT_VERIFY_READ_BYTES (at least one, at most the piece's), one of a
+ * compressed piece (read chunk by chunk). */
+static int64_t blocks_per_digest_read(const ckpt_piece_geometry *g, int compressed)
+{
+    int64_t per_read = compressed ? 1 : CKPT_VERIFY_READ_BYTES / (g->block_rows * g->row_bytes);
+    if (per_read < 1) per_read = 1;
+    if (per_read > g->num_blocks) per_read = g->num_blocks;
+    return per_read;
+}
+
+/* The buffer piece_digest reads into: [per_read blocks of data][chunk
+ * scratch when compressed]. */
+static size_t digest_buffer_bytes(const ckpt_piece_geometry *g, int compressed)
+{
+    int64_t data = blocks_per_digest_read(g, compressed) * g->block_rows * g->row_bytes;
+    return (size_t)data + (compressed ? scratch_bytes(g) : 0);
+}
+
+int64_t ckpt_reader_verify_thread_bytes(const ckpt_reader *r)
+{
+    int64_t most = 0;
+    for (int i = 0; i < r->index.num_tensors; i++)
+        for (int p = 0; p < r->index.tensors[i].num_pieces; p++) {
+            const ckpt_piece_geometry *g = &r->pieces[i][p].geometry;
+            int64_t bytes = (int64_t)digest_buffer_bytes(g, r->index.tensors[i].pieces[p].compressed);
+            /* A foreign piece's rows come through the bounce buffer of its boxes (read_boxes). */
+            if (r->foreign) bytes += g->bytes < BOX_BOUNCE_MAX ? g->bytes : BOX_BOUNCE_MAX;
+            if (bytes > most) most = bytes;
+        }
+    return most;
+}
+
 /* A piece's part of its tensor's logical digest, its blocks read (and
- * checked against their checksums, unless foreign) about 16 MiB at a time. */
+ * checked against their checksums, unless foreign) about
+ * CKPT_VERIFY_READ_BYTES at a time. */
 static int piece_digest(ckpt_reader *r, int i, int piece, piece_ctx *c, uint64_t *out)
 {
     int status = piece_context(r, i, piece, c);
     if (status) return status;
     const ckpt_piece_geometry *g = &c->pr->geometry;
     int64_t block_bytes = g->block_rows * g->row_bytes;
-    int64_t per_read = c->pr->chunks ? 1 : (16 << 20) / block_bytes;
-    if (per_read < 1) per_read = 1;
-    if (per_read > g->num_blocks) per_read = g->num_blocks;
-    size_t size = (size_t)(per_read * block_bytes) + (c->pr->chunks ? scratch_bytes(g) : 0);
+    int64_t per_read = blocks_per_digest_read(g, c->pr->chunks != NULL);
+    size_t size = digest_buffer_bytes(g, c->pr->chunks != NULL);
     /* [per_read blocks of data][chunk scratch when compressed] */
     char *buf = (char *)scratch_buffer(SCRATCH_VERIFY, size);
     if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory for a %zu-byte buffer", size);

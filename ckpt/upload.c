@@ -1153,6 +1153,23 @@ static int download_part(void *ctx, int64_t task, int thread)
     return status;
 }
 
+int64_t ckpt_reader_transfer_thread_bytes(const ckpt_reader *r)
+{
+    int64_t part = 0;
+    for (int f = 0; f < ckpt_reader_num_files(r); f++) {
+        int64_t bytes = 0;
+        ckpt_reader_file(r, f, &bytes);
+        if (bytes > part) part = bytes;
+    }
+    if (part > DOWNLOAD_PART) part = DOWNLOAD_PART;
+    /* A download thread holds about twice its part: 16 MiB a thread with
+     * parts of 8 MiB (35, 51, 84 and 141 MiB on 1, 2, 4 and 8 threads,
+     * docs/BENCHMARKS.md); counted once, 3 threads went to 68 MiB within
+     * 64M. The verify after it reads into what the parts left. */
+    int64_t download = 2 * part, verify = ckpt_reader_verify_thread_bytes(r);
+    return download > verify ? download : verify;
+}
+
 /* Attempts of a download whose object changed under it (or came back
  * other than asked): each from the start. */
 #define DOWNLOAD_ATTEMPTS 3

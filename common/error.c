@@ -29,6 +29,7 @@ const char *tp_status_name(int status)
     case TP_ERR_STATE: return "call out of order";
     case TP_ERR_COMM: return "communication error";
     case TP_ERR_DEVICE: return "device error";
+    case TP_ERR_LIMIT: return "limit too small";
     default: return "unknown status";
     }
 }

@@ -24,6 +24,8 @@ typedef enum {
     TP_ERR_STATE,     /* a call out of order, e.g. commit with pieces missing */
     TP_ERR_COMM,      /* communication between ranks failed */
     TP_ERR_DEVICE,    /* no usable GPU, or the GPU or its library failed */
+    TP_ERR_LIMIT,     /* a limit the caller set (--memory-limit) is too small for the work: a usage error,
+                         which the programs exit 2 for, not a failure of the work */
 } tp_status;
 
 /* Message of the last failure in this thread; never NULL. */

@@ -1298,7 +1298,7 @@ typedef struct {
     unsigned char read_bits[4], copy_bits[4];
 } replica_check;
 
-#define REPLICA_BLOCK ((int64_t)1 << 20) /* bytes of each copy compared at a time */
+#define REPLICA_BLOCK (MEGATRON_VERIFY_THREAD_BYTES / 2) /* bytes of each copy compared at a time */
 
 /* Where tp_rank's piece of tensor index lies, as the reader reads it. */
 static int piece_copy(const megatron_checkpoint *m, int index, int tp_rank, stored_copy *out)

@@ -162,6 +162,12 @@ int megatron_replicas_refusal(const char *path, const megatron_replica_result *r
  * two values without a word. */
 int megatron_refuse_differing_copies(const megatron_checkpoint *checkpoint, int threads);
 
+/* Bytes of buffers one thread of megatron_verify (or of the torch_dist
+ * reader's check of its copies) holds at most, whatever the checkpoint: a
+ * zip entry read TORCH_ARCHIVE_CHECK_BYTES at a time, or a block of 1 MiB
+ * of each of two copies of a tensor compared (megatron_check_replicas). */
+#define MEGATRON_VERIFY_THREAD_BYTES ((int64_t)2 << 20)
+
 /* What megatron_verify found. */
 typedef struct {
     int files;              /* rank files, and distrib_optim.pt files where read */

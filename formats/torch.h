@@ -212,6 +212,7 @@ typedef struct {
     int entries;   /* entries read */
     int unchecked; /* of them, recording no CRC-32 */
 } torch_archive_check_result;
+#define TORCH_ARCHIVE_CHECK_BYTES ((int64_t)1 << 20) /* read at a time: the buffer of a check */
 int torch_archive_check(torch_archive *archive, torch_archive_check_result *result,
                         void (*on_bytes)(void *ctx, int64_t bytes), void *ctx);
 

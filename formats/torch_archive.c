@@ -379,7 +379,7 @@ int torch_archive_check(torch_archive *archive, torch_archive_check_result *resu
                         void (*on_bytes)(void *ctx, int64_t bytes), void *ctx)
 {
     memset(result, 0, sizeof *result);
-    size_t size = (size_t)1 << 20;
+    size_t size = (size_t)TORCH_ARCHIVE_CHECK_BYTES;
     void *buf = alloc_pages(size);
     if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory");
     int status = TP_OK;

@@ -175,6 +175,12 @@ int cli_error(const char *program, const char *fmt, ...)
     return 1;
 }
 
+int cli_status_error(const char *program, int status)
+{
+    int code = cli_error(program, "%s", tp_errmsg());
+    return status == TP_ERR_LIMIT ? 2 : code;
+}
+
 void cli_check_true_vocab(const char *program, int64_t true_vocab, const checkpoint_format *format, const char *path,
                           const char *what)
 {

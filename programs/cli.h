@@ -206,4 +206,11 @@ int cli_check_stdout_at_exit(const char *program);
  * caller waits there for the signal to end the process. */
 int cli_error(const char *program, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The failure of a library call that returned `status`: "PROGRAM: error:
+ * tp_errmsg()" as cli_error says it, and the exit status it calls for: 2
+ * for a limit the user gave too small for the work (TP_ERR_LIMIT: a usage
+ * error, as docs/TOOLS.md's conventions have it, not damage or a failed
+ * operation), else 1. */
+int cli_status_error(const char *program, int status);
+
 #endif

@@ -540,28 +540,19 @@ static void print_peak(int64_t limit)
     printf("peak memory %s (--memory-limit %s)\n", peak, given);
 }
 
-/* A PyTorch distributed checkpoint's verify holds more a thread than ours:
- * each item's archive checked, then its tensors read through boxes (a bounce
- * of up to 8 MiB). Measured on a 384 MB DCP of 16 MB items: 25 MiB a thread
- * beside what the process holds on one thread, 24 on two and three (docs/
- * BENCHMARKS.md); given 16 + 8 beside the library's 4. */
-#define DCP_VERIFY_THREAD_BYTES (RESHARD_READ_BACK_BYTES + ((int64_t)8 << 20))
-
 /* Threads for reading a checkpoint back whole (verify, copy) within
  * --memory-limit (0: none given, `threads` kept), asked once it is open (its
  * index is part of what the process holds), by the planner's rule: each
- * thread reads into `need` bytes (RESHARD_READ_BACK_BYTES: slabs). 0, after
- * saying why, when not one fits (a usage error, exit 2: not damage, which
- * verify's exit 1 means). */
+ * thread reads into `need` bytes, what it can hold of this checkpoint (its
+ * largest piece's slab, capped at CKPT_VERIFY_READ_BYTES: a checkpoint of
+ * kilobytes needs kilobytes). 0, after saying why, when not one fits (a
+ * usage error, exit 2: not damage, which verify's exit 1 means). */
 static int read_back_threads(int64_t limit, int threads, int64_t need, const char *what)
 {
     if (limit <= 0) return threads;
     int64_t share;
     int fit = reshard_threads_within(limit, threads, need, 0, &share);
-    if (fit < 1) {
-        reshard_memory_refusal(limit, need, 0, "%s, reading in slabs", what);
-        fail("%s", tp_errmsg());
-    }
+    if (fit < 1) cli_status_error("tp-ckpt", reshard_memory_refusal(limit, need, 0, "%s, reading in slabs", what));
     return fit;
 }
 
@@ -573,7 +564,7 @@ static int verify_megatron(const char *path, int threads, int64_t limit)
 {
     megatron_checkpoint *m;
     if (megatron_open(path, &m)) return fail("%s", tp_errmsg());
-    threads = read_back_threads(limit, threads, RESHARD_READ_BACK_BYTES, "verify");
+    threads = read_back_threads(limit, threads, MEGATRON_VERIFY_THREAD_BYTES, "verify");
     if (threads < 1) {
         megatron_close(m);
         return 2;
@@ -637,14 +628,19 @@ static int verify_dcp(const char *path, const checkpoint_format *format, int thr
     formats_source *source = NULL;
     formats_source_options options = {.threads = threads};
     if (formats_source_open(path, format, &options, &source)) return fail("%s", tp_errmsg());
-    threads = read_back_threads(limit, threads, DCP_VERIFY_THREAD_BYTES, "verify");
+    ckpt_reader *r = formats_source_reader(source);
+    const megatron_dist *m = formats_source_megatron_dist(source);
+    const dcp_checkpoint *d = formats_source_dcp(source);
+    /* Each item's archive checked, its tensors read through boxes, a
+     * torch_dist's copies compared: one after the other, so the most of the three. */
+    int64_t need = ckpt_reader_verify_thread_bytes(r);
+    if (need < TORCH_ARCHIVE_CHECK_BYTES) need = TORCH_ARCHIVE_CHECK_BYTES;
+    if (m && need < MEGATRON_VERIFY_THREAD_BYTES) need = MEGATRON_VERIFY_THREAD_BYTES;
+    threads = read_back_threads(limit, threads, need, "verify");
     if (threads < 1) {
         formats_source_close(source);
         return 2;
     }
-    ckpt_reader *r = formats_source_reader(source);
-    const megatron_dist *m = formats_source_megatron_dist(source);
-    const dcp_checkpoint *d = formats_source_dcp(source);
     int64_t total = dcp_bytes(d);
     progress bar;
     progress_start(&bar, "verify", total, 0);
@@ -740,12 +736,12 @@ static int cmd_verify(int argc, char **argv)
     if (!strcmp(format->name, "megatron")) return verify_megatron(argv[optind], (int)threads, limit);
     formats_source *source = open_or_die(argv[optind], 1, 1, 0, &code); /* every damaged file reported */
     if (!source) return code;
-    threads = read_back_threads(limit, (int)threads, RESHARD_READ_BACK_BYTES, "verify");
+    ckpt_reader *r = formats_source_reader(source);
+    threads = read_back_threads(limit, (int)threads, ckpt_reader_verify_thread_bytes(r), "verify");
     if (threads < 1) {
         formats_source_close(source);
         return 2;
     }
-    ckpt_reader *r = formats_source_reader(source);
     int64_t total = 0;
     for (int i = 0; i < ckpt_reader_num_tensors(r); i++)
         for (int p = 0; p < ckpt_piece_count(ckpt_reader_tensor(r, i), ckpt_reader_layout(r)->tp); p++) {
@@ -1225,7 +1221,7 @@ static const char *export_usage =
     "  --true-vocab-size N      a Megatron GPT's vocabulary without Megatron's padding (legacy or\n"
     "                           torch_dist; default: the padded table, as stored)\n"
     "  --threads N              worker threads (default: all cores)\n"
-    "  --memory-limit SIZE      bound on buffers (default 1G)\n"
+    "  --memory-limit SIZE      bound on buffers (default 1G); too small for one thread: exit 2\n"
     "  --force                  replace an existing output\n"
     "  --progress               show progress even when stderr is not a terminal\n"
     "An option of another format than --format's (--name with safetensors) is refused (exit 2).\n"
@@ -1379,7 +1375,7 @@ static int cmd_export(int argc, char **argv)
         int status = cli_write_output(out, options.overwrite, export_may_replace, &options, options.threads, 0, run_export, &run);
         double seconds = progress_finish(&bar);
         if (status) {
-            code = fail("%s", tp_errmsg());
+            code = cli_status_error("tp-ckpt", status); /* a limit too small for a row: exit 2 */
         } else {
             char size[32], layout[RESHARD_LAYOUT_TEXT_MAX];
             format_bytes((double)summary.tensor_bytes, size, sizeof size);
@@ -1672,8 +1668,9 @@ static int cmd_copy(int argc, char **argv)
     }
     int64_t step = ckpt_reader_state(r)->step;
     /* Sized while the source is open: its index is read again to copy it. */
-    if (limit > 0) threads = read_back_threads(limit, threads > 0 ? threads : CKPT_TRANSFER_THREADS, RESHARD_READ_BACK_BYTES,
-                                               "copy");
+    if (limit > 0)
+        threads = read_back_threads(limit, threads > 0 ? threads : CKPT_TRANSFER_THREADS,
+                                    ckpt_reader_transfer_thread_bytes(r), "copy");
     ckpt_reader_close(r);
     if (limit > 0 && threads < 1) return 2;
     /* A DST named step_N must record step N, as every writer's output (it

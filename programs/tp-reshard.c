@@ -1,6 +1,7 @@
 /* tp-reshard: convert a checkpoint to another tensor/pipeline layout.
  * A thin layer over reshard.h; see `tp-reshard --help`. Exit status: 0
- * success, 1 failure (including a failed --verify), 2 usage. */
+ * success, 1 failure (including a failed --verify), 2 usage (a memory limit
+ * too small for the run included). */
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
@@ -46,7 +47,7 @@ static const char *usage_text =
     "                           padding is then recomputed for the target TP, as Megatron's saver does\n"
     "  -o, --output DIR         output checkpoint (default: beside CKPT, named after the layout)\n"
     "  --threads N              worker threads (default: all cores)\n"
-    "  --memory-limit SIZE      bound on memory, e.g. 512M or 4G (default 1G)\n"
+    "  --memory-limit SIZE      bound on memory, e.g. 512M or 4G (default 1G); too small: exit 2\n"
     "  --device auto|cpu|cuda   where moves and conversions run (default auto: a GPU when present and\n"
     "                           the plan converts dtypes; plain copies stay on the CPU; cuda: --format tp)\n"
     "  --dtype keep|fp32|bf16|fp16  parameter dtype (optimizer state stays fp32; default keep; --format tp:\n"
@@ -223,7 +224,8 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
     options->reshard.on_bytes = on_bytes;
     options->reshard.progress_ctx = &bar;
     formats_write_plan *plan = NULL;
-    if (formats_write_plan_create(opened, format, options, &plan)) return fail("%s", tp_errmsg());
+    int planned = formats_write_plan_create(opened, format, options, &plan);
+    if (planned) return cli_status_error("tp-reshard", planned); /* a limit too small for the write: exit 2 */
     const formats_write_summary *s = formats_write_plan_summary(plan);
     char default_out[4200];
     int named = out != NULL;
@@ -249,10 +251,10 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
     int upload_threads = reshard_verify_threads(limit, asked > 0 ? asked : CKPT_TRANSFER_THREADS);
     int threads = reshard_verify_threads(limit, asked > 0 ? asked : parallel_cpu_count());
     if ((verify || remote) && (threads < 1 || upload_threads < 1)) {
-        reshard_memory_refusal(limit, RESHARD_READ_BACK_BYTES, 0, "%s, reading the output back in slabs",
-                               verify ? "--verify" : "the upload");
+        int refused = reshard_memory_refusal(limit, RESHARD_READ_BACK_BYTES, 0, "%s, reading the output back in slabs",
+                                             verify ? "--verify" : "the upload");
         formats_write_plan_free(plan);
-        return fail("%s", tp_errmsg());
+        return cli_status_error("tp-reshard", refused);
     }
     if (upload_threads < 1) upload_threads = 1; /* a local output's, read back by no one */
     if (threads < 1) threads = 1;
@@ -293,10 +295,9 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
         }
     }
     progress_start(&bar, "reshard", s->bytes_written, force_progress);
-    int code = cli_write_output(out, options->reshard.overwrite, format->writer->may_replace, NULL, upload_threads,
-                                in_run_directory && s->keeps_latest, run_write, plan)
-                   ? fail("%s", tp_errmsg())
-                   : 0;
+    int written = cli_write_output(out, options->reshard.overwrite, format->writer->may_replace, NULL, upload_threads,
+                                   in_run_directory && s->keeps_latest, run_write, plan);
+    int code = written ? cli_status_error("tp-reshard", written) : 0;
     double seconds = progress_finish(&bar);
     if (!code && s->warning[0]) fprintf(stderr, "tp-reshard: warning: %s\n", s->warning);
     const ckpt_nonfinite *nonfinite = options->reshard.nonfinite;

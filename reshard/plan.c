@@ -395,7 +395,7 @@ int reshard_memory_refusal(int64_t limit, int64_t need, int zstd, const char *wh
     format_bytes((double)need, buffers, sizeof buffers);
     format_bytes((double)held, holds, sizeof holds);
     format_bytes((double)(fixed + per_thread), reserve, sizeof reserve);
-    return tp_fail(TP_ERR_ARG,
+    return tp_fail(TP_ERR_LIMIT,
                    "memory limit of %s is too small: one thread needs at least %s: %s: %s of buffers, beside the %s "
                    "this process holds now and %s set aside for the checkpoint library%s (its caches and one "
                    "thread's scratch: an allowance, not a measure); raise --memory-limit",

@@ -28,10 +28,13 @@
  * zstd, when `zstd`) each hold `need` bytes of buffers; 0 when not one does.
  * *share gets each thread's share (at least need). The one home of the rule:
  * reshard's plan, the other formats' writers, export, the reading back of an
- * output and tp-ckpt's verify and copy size their threads here. */
+ * output and tp-ckpt's verify and copy size their threads here, each with
+ * the need of the checkpoint at hand (its slabs, rows or pieces: a small
+ * checkpoint needs little), never a fixed one where that is known. */
 int reshard_threads_within(int64_t limit, int threads, int64_t need, int zstd, int64_t *share);
 
-/* The refusal of a limit in which not one thread fits (TP_ERR_ARG): `what`
+/* The refusal of a limit in which not one thread fits (TP_ERR_LIMIT: a
+ * usage error, exit 2 in every program, cli_status_error): `what`
  * (a printf format) needs `need` bytes of buffers a thread. The message
  * gives the limit, the least limit that would do, the buffers, what the
  * process holds now and the allowance apart, every size in format_bytes'
@@ -41,8 +44,11 @@ int reshard_memory_refusal(int64_t limit, int64_t need, int zstd, const char *wh
 
 /* Bytes a thread reads into when a checkpoint is read back whole (verified,
  * its digests computed, downloaded in parts and verified): slabs of up to
- * 16 MiB (ckpt_verify's, reshard_verify's; a download's parts are 8). */
-#define RESHARD_READ_BACK_BYTES ((int64_t)16 << 20)
+ * 16 MiB (ckpt_verify's, reshard_verify's; a download's parts are 8). What
+ * an output not yet written is read back in; a checkpoint at hand needs its
+ * own, which is less where its pieces are smaller
+ * (ckpt_reader_verify_thread_bytes, ckpt_reader_transfer_thread_bytes). */
+#define RESHARD_READ_BACK_BYTES CKPT_VERIFY_READ_BYTES
 
 typedef enum { RESHARD_DEVICE_AUTO = 0, RESHARD_DEVICE_CPU, RESHARD_DEVICE_CUDA } reshard_device;
 

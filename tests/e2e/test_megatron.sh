@@ -613,7 +613,7 @@ plan = json.load(open(sys.argv[1]))
 data = sum(i.file_size for f in glob.glob(sys.argv[2] + "/iter_*/mp_rank_*/model_optim_rng.pt")
            for i in zipfile.ZipFile(f).infolist() if "/data/" in i.filename)
 sys.exit(not (plan["bytes_written"] == data and plan["files"] == 1 and plan["optimizer"]))' "$WORK/x_plan.json" "$WORK/x_plan"
-expect_error "a piece over --memory-limit is refused before writing, naming it" 1 \
+expect_error "a piece over --memory-limit is refused before writing, naming it (a usage error)" 2 \
     "memory limit of 64.00 KiB is too small: one thread needs at least [0-9.]+ MiB: tensor [^ ]+, a piece: [0-9.]+ [KM]iB of buffers, beside the [0-9.]+ MiB this process holds now and 12.00 MiB set aside" \
     "$RS" "$WORK/x" --to tp1pp1 --memory-limit 64K -o "$WORK/never"
 # The limit bounds the process's resident memory (docs/TOOLS.md): the
@@ -630,7 +630,7 @@ check "one rank file at a time" "$PY" -c 'import json, sys; sys.exit(json.load(o
 expect_ok "and one that holds two" "$RS" "$WORK/fat" --to tp2pp1 --format megatron --memory-limit 250M --dry-run --json \
     -o "$WORK/never"
 check "two rank files at a time" "$PY" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["threads"] != 2)' "$WORK/.out"
-expect_error "a limit beside the footprint too small for one: refused" 1 "memory limit of 80.00 MiB is too small" \
+expect_error "a limit beside the footprint too small for one: refused (a usage error)" 2 "memory limit of 80.00 MiB is too small" \
     "$RS" "$WORK/fat" --to tp2pp1 --format megatron --memory-limit 80M -o "$WORK/never"
 if [ "${SANITIZED:-0}" = 1 ]; then
     echo "SKIP [$NAME] peak RSS within --memory-limit 100M: not measurable under AddressSanitizer"

@@ -157,6 +157,19 @@ assert j["peak_rss_bytes"] <= 64 * 2**20, (j["peak_rss_bytes"], j["threads"])' "
             "^tp-ckpt: error: memory limit of 24.00 MiB is too small: one thread needs at least [0-9.]+ MiB: copy, reading in slabs: 16.00 MiB of buffers" \
             "$CK" copy "$U/fat2" "$WORK/fat-down" --memory-limit 24M
         check "nothing downloaded" [ ! -e "$WORK/fat-down" ]
+        # A small checkpoint's transfers are given what its files and pieces
+        # need (twice a part of its largest file), not 16 MiB each: down, up
+        # and verified from the URL on 8 threads within 32M (refused below 42M
+        # before; 19 to 21 MiB measured).
+        expect_ok "tp-ckpt copy of a small checkpoint from a URL on 8 threads within 32M (refused before)" \
+            "$CK" copy "$U/r-remote" "$WORK/small-down" --threads 8 --memory-limit 32M
+        check "its peak memory within 32M" "$PY" "$ROOT/tests/support/peak_within.py" "$WORK/.out" 32
+        expect_ok "and up again within 32M" "$CK" copy "$WORK/small-down" "$U/small-up" --threads 8 --memory-limit 32M
+        check "its peak memory within 32M" "$PY" "$ROOT/tests/support/peak_within.py" "$WORK/.out" 32
+        expect_ok "verified from the URL within 32M" "$CK" verify "$U/small-up" --threads 8 --memory-limit 32M
+        check "its peak memory within 32M" "$PY" "$ROOT/tests/support/peak_within.py" "$WORK/.out" 32
+        expect_ok "what went up is what came down" "$CK" diff "$WORK/small-down" "$U/r-remote"
+        rm -rf "$WORK/small-down"
     fi
     expect_ok "reshard remote -> remote --verify" "$RS" "$U/run/step_00000010" --to tp1pp2 -o "$U/r-remote2" --verify
     check "reshard remote -> remote: verified" grep -q "^verified: 84 tensors equal" "$WORK/.out"

@@ -197,7 +197,7 @@ assert j["verified"] and j["peak_rss_bytes"] <= 48 * 2**20, j["peak_rss_bytes"]'
     rm -rf "$WORK/big3"
     # The write fits in 40M, reading it back does not: refused before
     # anything is written (it went on to 35 MiB within the limit of 32M).
-    expect_error "--verify within 40M: refused for the read-back" 1 \
+    expect_error "--verify within 40M: refused for the read-back (a usage error)" 2 \
         "memory limit of 40.00 MiB is too small: one thread needs at least [0-9.]+ MiB: --verify, reading the output back in slabs: 16.00 MiB of buffers" \
         "$RS" "$WORK/big" --to tp2 -o "$WORK/big3" --memory-limit 40M --verify
     check "nothing written" [ ! -e "$WORK/big3" ]
@@ -206,9 +206,23 @@ assert j["verified"] and j["peak_rss_bytes"] <= 48 * 2**20, j["peak_rss_bytes"]'
     # its children counts the Python it was spawned from.)
     expect_ok "tp-ckpt verify on 8 threads within 48M" "$CK" verify "$WORK/big" --threads 8 --memory-limit 48M
     check "its peak memory within 48M" "$PY" "$ROOT/tests/support/peak_within.py" "$WORK/.out" 48
+    # A thread reads its largest piece whole up to 16 MiB: big's are 8 MiB
+    # (the embedding at tp4), so that is what a thread is given.
     expect_error "tp-ckpt verify within 24M: refused (a usage error)" 2 \
-        "^tp-ckpt: error: memory limit of 24.00 MiB is too small: one thread needs at least [0-9.]+ MiB: verify, reading in slabs: 16.00 MiB of buffers, beside the [0-9.]+ MiB this process holds now and 12.00 MiB set aside" \
+        "^tp-ckpt: error: memory limit of 24.00 MiB is too small: one thread needs at least [0-9.]+ MiB: verify, reading in slabs: 8.00 MiB of buffers, beside the [0-9.]+ MiB this process holds now and 12.00 MiB set aside" \
         "$CK" verify "$WORK/big" --memory-limit 24M
+    # A small checkpoint's threads are given what its pieces need, not 16
+    # MiB each (a 1.7 MB checkpoint was refused below 42M): ours, as a DCP
+    # and as Megatron-LM's, each verified on 8 threads within 28M.
+    expect_ok "a small checkpoint" "$CK" synth -o "$WORK/small" --tp 2 --pp 1 --model tiny --optim --seed 3
+    expect_ok "written as a DCP" "$RS" "$WORK/small" --to tp2 --format dcp -o "$WORK/small_dcp"
+    expect_ok "written as Megatron-LM's" "$RS" "$WORK/small" --to tp2 --format megatron --no-optim -o "$WORK/small_meg"
+    for small in small small_dcp small_meg; do
+        expect_ok "tp-ckpt verify $small on 8 threads within 28M (refused before)" "$CK" verify "$WORK/$small" \
+            --threads 8 --memory-limit 28M
+        check "its peak memory within 28M" "$PY" "$ROOT/tests/support/peak_within.py" "$WORK/.out" 28
+    done
+    rm -rf "$WORK/small" "$WORK/small_dcp" "$WORK/small_meg"
 fi
 expect_ok "and it is right" "$CK" diff "$WORK/big" "$WORK/big2"
 if [ "${SANITIZED:-0}" = 1 ]; then
@@ -304,7 +318,11 @@ expect_error "--device cuda without a GPU" 1 "--device cuda: (no CUDA device is 
 expect_error "bad --to" 2 "layout 'tp0' not understood" "$RS" "$WORK/src" --to tp0
 expect_error "missing --to" 2 "--to is required" "$RS" "$WORK/src"
 expect_error "bad memory limit" 2 "--memory-limit expects" "$RS" "$WORK/src" --to tp2 --memory-limit lots
-expect_error "memory limit too small" 1 "memory limit of 1.00 MiB is too small: one thread needs at least [0-9.]+ MiB: tensor (model|optim)/[^ ?]+ \(one checksum block per slab\): [0-9.]+ [KM]iB of buffers, beside the [0-9.]+ MiB this process holds now and (12|40).00 MiB set aside for the checkpoint library( writing zstd)? \(.*an allowance, not a measure\); raise --memory-limit" "$RS" "$WORK/src" --to tp2 -o "$WORK/x8" --memory-limit 1M
+expect_error "memory limit too small: a usage error, as tp-ckpt's" 2 "memory limit of 1.00 MiB is too small: one thread needs at least [0-9.]+ MiB: tensor (model|optim)/[^ ?]+ \(one checksum block per slab\): [0-9.]+ [KM]iB of buffers, beside the [0-9.]+ MiB this process holds now and (12|40).00 MiB set aside for the checkpoint library( writing zstd)? \(.*an allowance, not a measure\); raise --memory-limit" "$RS" "$WORK/src" --to tp2 -o "$WORK/x8" --memory-limit 1M
+expect_error "tp-ckpt export: a memory limit too small, a usage error too" 2 \
+    "^tp-ckpt: error: memory limit of 1.00 MiB is too small: one thread needs at least [0-9.]+ MiB: a row of tensor [^ ]+ and a page of slack: .*raise --memory-limit" \
+    "$CK" export "$WORK/src" --format hdf5 -o "$WORK/x8.h5" --memory-limit 1M
+check "nothing exported" [ ! -e "$WORK/x8.h5" ]
 expect_ok "--help" "$RS" --help
 
 # A file system that refuses the first byte (a full disk; here a file-size

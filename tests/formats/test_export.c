@@ -701,7 +701,7 @@ static int64_t widest_row(const test_tensor *const *sources, const export_tensor
  * may count the process's own memory beside the buffers), by bisection.
  * Planning comes before the output is staged, so with an output path whose
  * parent does not exist a limit that is enough fails with
- * TP_ERR_NOT_FOUND and one too small with TP_ERR_ARG; nothing is
+ * TP_ERR_NOT_FOUND and one too small with TP_ERR_LIMIT; nothing is
  * written either way. */
 static int64_t smallest_memory_limit(ckpt_reader *r, const export_tensor *specs, int count,
                                      const export_options *options)
@@ -715,9 +715,9 @@ static int64_t smallest_memory_limit(ckpt_reader *r, const export_tensor *specs,
     while (plans - fails > 1) {
         o.memory_limit = fails + (plans - fails) / 2;
         int status = export_run(r, specs, count, &o, nowhere, NULL);
-        cr_assert(status == TP_ERR_ARG || status == TP_ERR_NOT_FOUND, "limit %lld: %s",
+        cr_assert(status == TP_ERR_LIMIT || status == TP_ERR_NOT_FOUND, "limit %lld: %s",
                   (long long)o.memory_limit, tp_errmsg());
-        if (status == TP_ERR_ARG) fails = o.memory_limit;
+        if (status == TP_ERR_LIMIT) fails = o.memory_limit;
         else plans = o.memory_limit;
     }
     return plans;
@@ -819,7 +819,7 @@ Test(export, many_bands_under_tight_memory_limit)
         options.format = format->id;
         options.threads = 2;
         options.memory_limit = 2 * 1000; /* a row of wide (transposed: 2048 fp32 values) needs 8 KiB or more */
-        cr_assert_eq(export_run(r, band_specs, BAND_COUNT, &options, out, NULL), TP_ERR_ARG, "%s: %s", format->name,
+        cr_assert_eq(export_run(r, band_specs, BAND_COUNT, &options, out, NULL), TP_ERR_LIMIT, "%s: %s", format->name,
                      tp_errmsg());
         cr_assert(strstr(tp_errmsg(), "memory"), "%s: message: %s", format->name, tp_errmsg());
         assert_nothing_left(dir, out, entries);

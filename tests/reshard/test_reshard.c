@@ -230,7 +230,7 @@ Test(reshard, impossible_targets_name_the_tensor)
     cr_assert(strstr(tp_errmsg(), "4 layers") && strstr(tp_errmsg(), "pp=3"), "%s", tp_errmsg());
     options.pp = 1;
     options.memory_limit = 1 << 20;
-    cr_assert_eq(reshard_plan_create(&plan, r, &options), TP_ERR_ARG);
+    cr_assert_eq(reshard_plan_create(&plan, r, &options), TP_ERR_LIMIT);
     cr_assert(strstr(tp_errmsg(), "memory limit"), "%s", tp_errmsg());
     ckpt_reader_close(r);
     cr_assert_eq(access(target, F_OK), -1, "nothing written");
@@ -283,13 +283,13 @@ Test(reshard, threads_within_measured_allowance)
  * writer refuses: the DCP, Megatron and export writers said bytes. */
 Test(reshard, memory_refusal_one_unit)
 {
-    cr_assert_eq(reshard_memory_refusal(64 << 20, 3 << 20, 0, "tensor %s (%s)", "model/x", "a row"), TP_ERR_ARG);
+    cr_assert_eq(reshard_memory_refusal(64 << 20, 3 << 20, 0, "tensor %s (%s)", "model/x", "a row"), TP_ERR_LIMIT);
     const char *m = tp_errmsg();
     cr_assert(strstr(m, "memory limit of 64.00 MiB is too small: one thread needs at least "), "%s", m);
     cr_assert(strstr(m, "tensor model/x (a row): 3.00 MiB of buffers"), "%s", m);
     cr_assert(strstr(m, "12.00 MiB set aside for the checkpoint library (") && strstr(m, "raise --memory-limit"), "%s", m);
     cr_assert(!strstr(m, " bytes"), "%s", m);
-    cr_assert_eq(reshard_memory_refusal(0, 1, 1, "x"), TP_ERR_ARG);
+    cr_assert_eq(reshard_memory_refusal(0, 1, 1, "x"), TP_ERR_LIMIT);
     cr_assert(strstr(tp_errmsg(), "memory limit of 1.00 GiB") && strstr(tp_errmsg(), "40.00 MiB set aside for the "
               "checkpoint library writing zstd"), "%s", tp_errmsg());
 }
