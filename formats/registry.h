@@ -125,6 +125,18 @@ struct formats_write_options {
 
 void formats_write_options_init(formats_write_options *options);
 
+/* Whether --verify cannot prove `target` written from a checkpoint of the
+ * format `source` (1, why saying so and what proves it instead) or can (0).
+ * A Megatron output (legacy or torch_dist) of a source that is not
+ * Megatron's is written through a view of this toolkit's GPT
+ * (formats_megatron_view): every tensor renamed and each fused QKV
+ * regrouped into Megatron's per-group order, so its logical digests are not
+ * the source's, and reading it back maps nothing back. Asked by the
+ * Megatron writers' plans, and by a program before it reads the source (a
+ * usage error). */
+int formats_write_unverifiable(const checkpoint_format *source, const checkpoint_format *target, char *why,
+                               size_t size);
+
 /* Whether format's writer would ignore one of options (1, why saying which
  * option, its value and the format) or honour them all (0): --dtype,
  * --compress and --device cuda are this toolkit's format's alone (the

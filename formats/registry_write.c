@@ -238,6 +238,24 @@ static const char *regrouped_refusal =
     "--verify compares logical digests, and a GPT written as Megatron's regroups its QKV: import it back "
     "(tp-ckpt import) and diff instead";
 
+/* The formats whose checkpoints carry a Megatron model of their own (formats_source_megatron_config). */
+static int megatron_source(const checkpoint_format *format)
+{
+    return !strcmp(format->name, "megatron") || !strcmp(format->name, "torch_dist");
+}
+
+int formats_write_unverifiable(const checkpoint_format *source, const checkpoint_format *target, char *why, size_t size)
+{
+    if (!megatron_source(target) || megatron_source(source)) return 0;
+    size_t n = strlen(source->title); /* "PyTorch distributed checkpoint" says it already */
+    int named = n >= 10 && !strcmp(source->title + n - 10, "checkpoint");
+    snprintf(why, size, "--verify cannot prove a %s output of a %s%s: it is written through a view of this "
+             "toolkit's GPT, every tensor renamed and each fused QKV regrouped into Megatron's per-group order, so "
+             "its logical digests are not the source's; import it back (tp-ckpt import) and diff instead",
+             target->title, source->title, named ? "" : " checkpoint");
+    return 1;
+}
+
 typedef struct {
     ckpt_reader *source;
     const megatron_checkpoint *template;

@@ -55,7 +55,8 @@ static const char *usage_text =
     "  --compress zstd[:L]|none output compression (default: as the source; zstd: --format tp)\n"
     "  --no-optim, --weights-only  leave out optimizer state (e.g. for inference)\n"
     "  --dry-run                print the plan: files, tensors, bytes, memory; write nothing\n"
-    "  --verify                 after writing, prove the output equal to the source (digests)\n"
+    "  --verify                 after writing, prove the output equal to the source (digests); not\n"
+    "                           offered for this toolkit's GPT written as Megatron's (exit 2)\n"
     "  --json                   print a machine-readable summary instead of text\n"
     "  --force                  replace an existing output\n"
     "  --progress               show progress even when stderr is not a terminal\n"
@@ -438,6 +439,12 @@ int main(int argc, char **argv)
     const checkpoint_format *format;
     if (formats_detect(cli_path("tp-reshard", "the source's path", argv[optind]), &format)) return fail("%s", tp_errmsg());
     cli_check_true_vocab("tp-reshard", true_vocab, format, argv[optind], NULL);
+    /* --verify of an output it cannot prove: refused before the source is
+     * read (its digests computed) or anything written, a usage error. */
+    char unverifiable[512];
+    if (verify && formats_write_unverifiable(format, output_format ? formats_find(output_format) : format, unverifiable,
+                                             sizeof unverifiable))
+        die_usage("%s", unverifiable);
     ckpt_read_options read;
     ckpt_read_options_init(&read);
     read.through_index = 1;

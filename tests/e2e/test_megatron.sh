@@ -579,8 +579,8 @@ expect_ok "the round trip equals the trainer's weights bit for bit" "$CK" diff -
 expect_ok "Megatron-Core names too" "$RS" "$WORK/own/step_00000003" --format megatron --to tp1pp2 --megatron-names core \
     -o "$WORK/own_core"
 expect_ok "torch.load of the Core files computes the export's logits" "$PY" "$FIXTURE" --logits "$WORK/own_core" "$WORK/own_hf"
-expect_error "--verify cannot compare regrouped tensors by digests" 1 "import it back .* and diff instead" "$RS" \
-    "$WORK/own/step_00000003" --format megatron --to tp2 --verify -o "$WORK/never"
+expect_error "--verify cannot compare regrouped tensors by digests (a usage error)" 2 "import it back .* and diff instead" \
+    "$RS" "$WORK/own/step_00000003" --format megatron --to tp2 --verify -o "$WORK/never"
 expect_error "the exact GELU is another function than the trainer's" 1 "exact GELU" "$CK" import "$WORK/x" --tp 1 --pp 1 \
     -o "$WORK/never"
 expect_error "a SwiGLU model is not the trainer's GPT-2" 1 "a SwiGLU MLP: the trainer computes GPT-2" "$CK" import "$WORK/b" \
@@ -632,6 +632,16 @@ expect_ok "and one that holds two" "$RS" "$WORK/fat" --to tp2pp1 --format megatr
 check "two rank files at a time" "$PY" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["threads"] != 2)' "$WORK/.out"
 expect_error "a limit beside the footprint too small for one: refused (a usage error)" 2 "memory limit of 80.00 MiB is too small" \
     "$RS" "$WORK/fat" --to tp2pp1 --format megatron --memory-limit 80M -o "$WORK/never"
+# This toolkit's GPT written as Megatron's (legacy or torch_dist) has its
+# tensors renamed and its QKV regrouped: --verify, which compares logical
+# digests, cannot prove it. Refused before the source is read or anything
+# written, a usage error (it exited 1 once the plan was made).
+for format in megatron torch_dist; do
+    expect_error "--format $format --verify of a GPT: refused, a usage error" 2 \
+        "^tp-reshard: --verify cannot prove a Megatron.* output of a tp-toolkit checkpoint: .*regrouped .*import it back \\(tp-ckpt import\\) and diff instead" \
+        "$RS" "$WORK/fat" --to tp1pp1 --format $format --verify -o "$WORK/never"
+    check "nothing written" [ ! -e "$WORK/never" ]
+done
 if [ "${SANITIZED:-0}" = 1 ]; then
     echo "SKIP [$NAME] peak RSS within --memory-limit 100M: not measurable under AddressSanitizer"
 else
