@@ -27,7 +27,7 @@ static const char *usage_text =
     "                               Megatron checkpoint or a PyTorch distributed checkpoint)\n"
     "  verify CKPT [--threads N] [--memory-limit SIZE]\n"
     "                               check completeness and every checksum (exit 1 if damaged)\n"
-    "  diff A B [--tol X] [--atol X] [--threads N] [--weights-only]\n"
+    "  diff A B [--tol X] [--atol X] [--threads N] [--weights-only] [--true-vocab-size N]\n"
     "                               compare the merged tensors of two checkpoints, any layouts\n"
     "                               (default bit-exact; exit 1 if they differ)\n"
     "  synth -o DIR --tp T --pp P (--model M | [--arch gpt|llama] --layers L --dim D --heads H\n"

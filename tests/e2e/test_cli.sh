@@ -12,7 +12,11 @@
 #   - an empty -o (and copy's SRC or DST) is a usage error in every program;
 #   - every long option of every command is in its --help and its synopsis
 #     in docs/TOOLS.md, and every option a synopsis names is taken
-#     (tests/support/documented_options.py).
+#     (tests/support/documented_options.py), and the facts it checks beside:
+#     tp-ckpt --help names every option of each subcommand, the TP_*
+#     environment variables read are documented and those documented
+#     exist, docs/FORMAT.md states the version written, README.md lists
+#     the check tier.
 # tier: check
 . "$(dirname "$0")/lib.sh"
 CK="$BIN/tp-ckpt"

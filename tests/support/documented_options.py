@@ -8,8 +8,23 @@ command's heading (its first code span `tp-...` where the heading is
 followed by a paragraph). Also the "Model options" paragraph names every model
 option. Prints one line per disagreement; exit 1 if any.
 
+Beside the options, facts the docs state that drift as the code changes:
+  - `tp-ckpt --help`'s summary of each subcommand names every option the
+    subcommand takes (its own --help and TOOLS.md are checked above);
+  - every TP_* environment variable the libraries and programs read (a
+    string literal "TP_NAME" in their sources) is named in README.md or
+    docs/, and every TP_* name the docs that instruct (README.md, docs/
+    but the records RELIABILITY.md, BENCHMARKS.md and GPU.md) give is one
+    the sources, scripts or tests know;
+  - docs/FORMAT.md's version (its title and the `format_version` of
+    section 3) is the one ckpt/ckpt.h writes;
+  - README.md's list of the check tier's end-to-end tests is the scripts
+    whose header says `# tier: check`.
+
 Usage: documented_options.py ROOT BIN
 """
+import glob
+import os
 import re
 import subprocess
 import sys
@@ -108,6 +123,98 @@ def named(text, option):
     return re.search(r"--" + re.escape(option) + r"($|[^a-z0-9-])", text) is not None
 
 
+LIBRARIES = ["common", "kernels", "store", "ckpt", "reshard", "formats", "model", "trainer", "elastic", "programs"]
+RECORDS = {"RELIABILITY.md", "BENCHMARKS.md", "GPU.md"}
+
+
+def sources(folders, suffixes):
+    for folder in folders:
+        for path in sorted(glob.glob(f"{ROOT}/{folder}/**/*", recursive=True)):
+            if path.endswith(suffixes) and os.path.isfile(path):
+                yield path, open(path, errors="replace").read()
+
+
+def docs(instructing_only):
+    paths = [f"{ROOT}/README.md"] + sorted(glob.glob(f"{ROOT}/docs/*.md"))
+    return {os.path.relpath(p, ROOT): open(p).read() for p in paths
+            if not (instructing_only and os.path.basename(p) in RECORDS)}
+
+
+def summary_problems(expand):
+    """tp-ckpt's own --help: each subcommand's lines name its options."""
+    commands = {argv[1]: (source, function) for _, source, function, argv, *_ in COMMANDS if argv[0] == "tp-ckpt"}
+    helped = subprocess.run([f"{BIN}/tp-ckpt", "--help"], capture_output=True, text=True).stdout
+    chunks, name = {}, None
+    for line in helped.split("\n"):
+        m = re.match(r"  ([a-z]+) ", line)
+        if m and m.group(1) in commands:
+            name = m.group(1)
+        elif not line.startswith("    "):  # a subcommand's lines go on indented further
+            name = None
+        if name:
+            chunks[name] = chunks.get(name, "") + line + "\n"
+    problems = []
+    for name, (source, function) in commands.items():
+        if name not in chunks:
+            problems.append(f"tp-ckpt --help: no line for {name}")
+            continue
+        for option in sorted(table(source, function, True, expand)):
+            if not named(chunks[name], option):
+                problems.append(f"tp-ckpt --help: {name}'s summary does not name --{option}, which it takes")
+    return problems
+
+
+def environment_problems():
+    problems = []
+    read = set()
+    for path, text in sources(LIBRARIES, (".c", ".h", ".cu")):
+        read |= set(re.findall(r'"(TP_[A-Z0-9_]+)"', text))
+    documented = "\n".join(docs(False).values())
+    for name in sorted(read):
+        if not re.search(r"\b" + name + r"\b", documented):
+            problems.append(f"the environment variable {name} is read (the sources) but named in no doc")
+    known = "\n".join(text for _, text in sources(LIBRARIES + ["scripts", "tests", "bench"],
+                                                   (".c", ".h", ".cu", ".py", ".sh", ".mjs")))
+    known += open(f"{ROOT}/Makefile").read()
+    for doc, text in docs(True).items():
+        for name in sorted(set(re.findall(r"\b(TP_[A-Z][A-Z0-9_]+)\b", text))):
+            if not re.search(r"\b" + name + r"\b", known):
+                problems.append(f"{doc} names {name}, which no source, script or test knows")
+    return problems
+
+
+def format_version_problems():
+    header = open(f"{ROOT}/ckpt/ckpt.h").read()
+    major = re.search(r"#define CKPT_FORMAT_MAJOR (\d+)", header).group(1)
+    minor = re.search(r"#define CKPT_FORMAT_MINOR (\d+)", header).group(1)
+    doc = open(f"{ROOT}/docs/FORMAT.md").read()
+    problems = []
+    title = re.search(r"^# .*version (\d+)\.(\d+)", doc, re.M)
+    if not title or title.groups() != (major, minor):
+        problems.append(f"docs/FORMAT.md's title says version {'.'.join(title.groups()) if title else '?'}, "
+                        f"ckpt/ckpt.h writes {major}.{minor}")
+    row = re.search(r"\| `format_version` \|[^|]*\| `\[(\d+), (\d+)\]` for this document", doc)
+    if not row or row.groups() != (major, minor):
+        problems.append(f"docs/FORMAT.md section 3 gives format_version {list(row.groups()) if row else '?'}, "
+                        f"ckpt/ckpt.h writes [{major}, {minor}]")
+    return problems
+
+
+def check_tier_problems():
+    readme = open(f"{ROOT}/README.md").read()
+    m = re.search(r"- `make check`.*?\n(?=- `make test`)", readme, re.S)
+    listed = set(re.findall(r"`(test_[a-z0-9_]+)`", m.group(0))) if m else set()
+    tiered = set()
+    for path in glob.glob(f"{ROOT}/tests/*/test_*.sh"):
+        if re.search(r"^#\s*tier:\s*check\s*$", open(path).read(), re.M):
+            tiered.add(os.path.basename(path)[:-3])
+    tiered.discard("test_layers")  # README calls it "the layering check"
+    return ([f"README.md's check tier lists `{t}`, whose header does not say '# tier: check'"
+             for t in sorted(listed - tiered)] +
+            [f"README.md's check tier does not list `{t}` (its header says '# tier: check')"
+             for t in sorted(tiered - listed)])
+
+
 def main():
     doc = open(f"{ROOT}/docs/TOOLS.md").read()
     expand = macros()
@@ -132,6 +239,10 @@ def main():
     for option in expand["CLI_MODEL_LONG_OPTIONS"]:
         if not model or not named(model.group(1), option):
             problems.append(f"docs/TOOLS.md \"Model options\" does not name --{option}")
+    problems += summary_problems(expand)
+    problems += environment_problems()
+    problems += format_version_problems()
+    problems += check_tier_problems()
     for p in problems:
         print(p)
     print(f"{len(COMMANDS)} commands checked, {len(problems)} disagreements")
