@@ -997,3 +997,72 @@ Test(io, writer_counts_nonfinite_values_once)
         for (int i = 0; i < n; i++) free(tensors[i].logical);
     }
 }
+
+/* Grouped-query attention with fewer key/value heads than ranks (format
+ * 1.4's replicated segments): a fused QKV [(q + 2 kv) g, cols] of q query
+ * heads and kv < tp key/value heads of g rows, each key and value head held
+ * alike by tp / kv ranks. A NaN or an infinity in a replicated head is
+ * stored tp / kv times but is one logical element: counted once, at its
+ * logical index, as the digest takes the primary copy alone. */
+Test(io, writer_counts_replicated_granules_once)
+{
+    for (int iter = 0; iter < 24; iter++) {
+        static const int tps[] = {2, 4, 8};
+        int tp = tps[iter % 3];
+        int64_t kv = (int64_t)1 << rnd(0, iter % 3); /* 1 at tp 2; 1 or 2 at tp 4; 1, 2 or 4 at tp 8 */
+        int64_t granule = rnd(1, 3), q = tp * rnd(1, 2), cols = rnd(1, 5);
+        ckpt_layout layout = {tp, 1, 1, 0, 1};
+        ckpt_tensor_desc t = {.name = "model/layers.0.attn.qkv.weight", .dtype = (tp_dtype)rnd(0, 2), .ndim = 2,
+                              .shape = {(q + 2 * kv) * granule, cols}, .anchor = CKPT_ANCHOR_FIRST};
+        t.partition = (ckpt_partition){CKPT_SPLIT, 0, 3, {q * granule, kv * granule, kv * granule}, granule, 0, 1};
+        cr_assert_eq(ckpt_tensor_check(&t, tp), TP_OK, "%s", tp_errmsg());
+        size_t es = tp_dtype_size(t.dtype);
+        int64_t count = elements_of(t.shape, 2);
+        uint8_t *logical = malloc((size_t)count * es);
+        random_numbers(logical, (size_t)count * es, t.dtype);
+        /* A NaN in a key head and an infinity in a value head, both replicated
+         * (bits of fp32, bf16, fp16; little-endian: memcpy takes the low bytes). */
+        static const uint32_t nan_bits[] = {0x7fc00000u, 0x7fc0u, 0x7e00u}, inf_bits[] = {0x7f800000u, 0x7f80u, 0x7c00u};
+        int64_t key_element = (q * granule + rnd(0, kv * granule - 1)) * cols + rnd(0, cols - 1);
+        int64_t value_element = ((q + kv) * granule + rnd(0, kv * granule - 1)) * cols + rnd(0, cols - 1);
+        memcpy(logical + key_element * (int64_t)es, &nan_bits[t.dtype], es);
+        memcpy(logical + value_element * (int64_t)es, &inf_bits[t.dtype], es);
+
+        char path[600];
+        snprintf(path, sizeof path, "%s/gqa%d", dir, iter);
+        ckpt_write_options options;
+        ckpt_write_options_init(&options);
+        options.count_nonfinite = 1;
+        ckpt_writer *w;
+        int id;
+        cr_assert_eq(ckpt_writer_create(&w, path, &layout, &options), TP_OK, "%s", tp_errmsg());
+        cr_assert_eq(ckpt_writer_add_tensor(w, &t, &id), TP_OK, "%s", tp_errmsg());
+        int64_t shape[CKPT_MAX_DIMS];
+        ckpt_piece_shape(&t, tp, shape);
+        cr_assert_eq(shape[0], (q / tp + 2) * granule, "each rank holds one key and one value head");
+        uint8_t *piece = malloc((size_t)elements_of(shape, 2) * es);
+        for (int p = 0; p < tp; p++) {
+            build_piece(&t, tp, p, logical, piece);
+            cr_assert_eq(ckpt_writer_put_piece(w, id, p, piece), TP_OK, "%s", tp_errmsg());
+        }
+        free(piece);
+
+        int64_t nans = 0, infinities = 0, first = -1;
+        float *wide = malloc((size_t)count * sizeof *wide);
+        convert_to_f32(logical, t.dtype, wide, count);
+        for (int64_t e = 0; e < count; e++) {
+            nans += isnan(wide[e]) != 0;
+            infinities += isinf(wide[e]) != 0;
+            if (first < 0 && !isfinite(wide[e])) first = e;
+        }
+        free(wide);
+        convert_nonfinite found = ckpt_writer_nonfinite(w, id);
+        cr_assert(found.nans == nans && found.infinities == infinities && found.first == first,
+                  "tp %d, %lld key/value heads of %lld rows: %lld NaNs, %lld infinities, first %lld; expected %lld, "
+                  "%lld, %lld (each replicated element once)",
+                  tp, (long long)kv, (long long)granule, (long long)found.nans, (long long)found.infinities,
+                  (long long)found.first, (long long)nans, (long long)infinities, (long long)first);
+        ckpt_writer_abort(w);
+        free(logical);
+    }
+}

@@ -86,7 +86,8 @@ int64_t elements_of(const int64_t *shape, int ndim)
 }
 
 /* Naive: the stored piece of `rank`, element by element from the logical
- * tensor, using the definition of the partition (docs/FORMAT.md). */
+ * tensor, using the definition of the partition (docs/FORMAT.md), replicated
+ * segments included: every holder of a replicated granule gets its values. */
 void build_piece(const ckpt_tensor_desc *t, int tp, int rank, const uint8_t *logical, uint8_t *out)
 {
     size_t es = tp_dtype_size(t->dtype);
@@ -113,7 +114,16 @@ void build_piece(const ckpt_tensor_desc *t, int tp, int rank, const uint8_t *log
                 int64_t padded = size, unit = tp * t->partition.pad_multiple * granule;
                 if (unit) padded = (size + unit - 1) / unit * unit;
                 int64_t share = padded / tp;
-                if (local < share) {
+                int64_t granules = size / granule;
+                if (t->partition.replicate_small_segments && granules < tp) {
+                    /* Replicated (format 1.4): rank holds granule rank / (tp / granules), as its
+                     * tp / granules neighbours do. */
+                    share = granule;
+                    if (local < share) {
+                        logical_axis = seg_logical + rank / (tp / granules) * granule + local;
+                        break;
+                    }
+                } else if (local < share) {
                     int64_t k = rank * share + local;
                     logical_axis = k < size ? seg_logical + k : -1;
                     break;
