@@ -3,14 +3,17 @@
 # toolkit's format (docs/TOOLS.md import, tp-reshard): a Megatron-LM legacy
 # checkpoint written by PyTorch (tests/support/megatron_fixture.py) with a
 # NaN in tensor-parallel rank 1's piece of a fused QKV and an infinity in an
-# Adam moment, and a PyTorch distributed checkpoint written by torch's own
-# DCP (tests/formats/dcp_torch.py's fixture helpers) with a NaN and an
-# infinity. `tp-ckpt import` and `tp-reshard --format tp` refuse them (exit
-# 1, one line: the file holding the first, the tensor, its shape, the counts,
-# the first's index in the source's own shape, how many tensors in all),
-# leaving nothing behind; with --allow-nonfinite they carry the exact bits,
-# judged by torch.load of the sources against h5py's reading of the output
-# (tests/ckpt/check_h5py.py), and by torch's DCP load. This toolkit's own
+# Adam moment, the same model and values as a Megatron-Core torch_dist
+# checkpoint (tests/support/megatron_dist_fixture.py: layers stacked,
+# chunks cut again over two data-parallel ranks), and a PyTorch distributed
+# checkpoint written by torch's own DCP (tests/formats/dcp_torch.py's
+# fixture helpers) with a NaN and an infinity. `tp-ckpt import` and
+# `tp-reshard --format tp` refuse them (exit 1, one line: the file holding
+# the first, the tensor, its shape, the counts, the first's index in the
+# source's own shape, how many tensors in all), leaving nothing behind; with
+# --allow-nonfinite they carry the exact bits, judged by torch.load (the
+# legacy sources) or torch's DCP load (torch_dist and DCP) against h5py's
+# reading of the output (tests/ckpt/check_h5py.py). This toolkit's own
 # checkpoints are not counted (the flag is a usage error with them).
 # Skipped without python3-torch.
 # tier: full
@@ -20,6 +23,7 @@ RS="$BIN/tp-reshard"
 FIXTURE="$ROOT/tests/support/megatron_fixture.py"
 H5="$ROOT/tests/ckpt/check_h5py.py"
 DCP_JUDGE="$ROOT/tests/formats/dcp_torch.py"
+DIST="$ROOT/tests/support/megatron_dist_fixture.py"
 
 skip_without_python 'torch, numpy, h5py' "python3-torch is not installed"
 
@@ -125,6 +129,78 @@ expect_ok "this toolkit's own checkpoint holding NaN reshards as it is (trusted,
     --to tp1 -o "$WORK/m_import_tp1"
 check "and says nothing of it" test ! -s "$WORK/.err"
 check "nothing written for usage errors" test ! -e "$WORK/never"
+
+# ------------------------------------------------- Megatron-Core torch_dist
+# The model of the legacy case with the same NaN (layer 1's QKV, Megatron's
+# row 101 of [192, 64], column 3) and an infinity in the word embeddings'
+# Adam exp_avg at [50, 5], put in megatron_fixture.make_full's tensors
+# before megatron_dist_fixture.py writes them: one process holds every
+# chunk (__0_0.distcp), the layers stacked under decoder.layers.*, each
+# tensor-parallel chunk cut again over 2 data-parallel ranks.
+expect_ok "fixture: a torch_dist checkpoint with a NaN and an infinity, tp2pp1 dp2, fp32" "$PY" - "$DIST" "$WORK/td" \
+    --names core --tp 2 --pp 1 --dp 2 --layers 2 --hidden 64 --heads 4 --ffn 128 --vocab 90 \
+    --make-vocab-size-divisible-by 16 --dtype fp32 --optimizer --openai-gelu <<'PYEOF'
+import os, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import megatron_dist_fixture as dist
+make_full = dist.mf.make_full
+
+def poisoned(cfg):
+    full, unfused, opt = make_full(cfg)
+    full["layers.1.attention.qkv.weight"][101, 3] = float("nan")
+    opt["embedding.word_embeddings.weight"]["exp_avg"][50, 5] = float("-inf")
+    return full, unfused, opt
+
+dist.mf.make_full = poisoned
+sys.exit(dist.main(sys.argv[2:]))
+PYEOF
+DIST_FILE="td/iter_0001000/__0_0.distcp"
+expect_error "import refuses a torch_dist checkpoint holding NaN: the data file, tensor, counts, first index, total" 1 \
+    "$DIST_FILE: tensor layers.1.attention.qkv.weight \[192, 64\] holds 1 NaN and 0 infinite values, the first at \[101, 3\]; 2 tensors in all hold NaN or infinite values \(2 values\): nothing imported \(--allow-nonfinite imports them as they are\)$" \
+    "$CK" import "$WORK/td" --tp 2 --pp 1 -o "$WORK/out/td_import"
+check "the refused import left nothing behind" sh -c '! ls -A "$1" 2>/dev/null | grep -q .' sh "$WORK/out"
+expect_error "tp-reshard --format tp refuses it the same way" 1 \
+    "$DIST_FILE: tensor layers.1.attention.qkv.weight \[192, 64\] holds 1 NaN and 0 infinite values, the first at \[101, 3\]; 2 tensors in all hold NaN or infinite values \(2 values\): nothing written \(--allow-nonfinite carries them as they are\)$" \
+    "$RS" "$WORK/td" --to tp1 --format tp -o "$WORK/out/td_tp"
+check "the refused reshard left nothing behind" sh -c '! ls -A "$1" 2>/dev/null | grep -q .' sh "$WORK/out"
+expect_ok "import --allow-nonfinite carries them" "$CK" import "$WORK/td" --tp 2 --pp 1 --allow-nonfinite \
+    -o "$WORK/td_import"
+check "with the refusal's sentence as a warning" grep -Eq \
+    "^tp-ckpt: warning: imported with NaN or infinite values \(--allow-nonfinite\): .*$DIST_FILE: tensor layers.1.attention.qkv.weight \[192, 64\] holds 1 NaN" \
+    "$WORK/.err"
+expect_ok "tp-reshard --allow-nonfinite carries them" "$RS" "$WORK/td" --to tp1 --format tp --allow-nonfinite \
+    -o "$WORK/td_tp"
+check "with a warning" grep -q "^tp-reshard: warning: written with NaN or infinite values (--allow-nonfinite): " "$WORK/.err"
+# The judge: torch's DCP load of the source's two entries (the stacked QKV's
+# layer 1, the moment) against h5py's reading of the outputs, bit for bit.
+for what in "td_import model/layers.1.attn.qkv.weight optim/exp_avg/tok_embed.weight" \
+    "td_tp layers.1.attention.qkv.weight optim/exp_avg/embedding.word_embeddings.weight"; do
+    set -- $what
+    check "$1: the NaN and the infinity carried bit for bit (torch's DCP load against h5py)" sh -c '
+"$1" "$2" "$3/$4" --dump "$5" "$3/qkv.npy" >/dev/null && "$1" "$2" "$3/$4" --dump "$6" "$3/moment.npy" >/dev/null &&
+"$1" - "$3" "$4" "$7" <<"PYEOF"
+import sys, numpy as np, torch
+sys.path.insert(0, sys.argv[3])
+import dcp_torch
+work, output = sys.argv[1], sys.argv[2]
+path = work + "/td/iter_0001000"
+tensors, _ = dcp_torch.tensor_entries(path)
+keys = ("decoder.layers.self_attention.linear_qkv.weight", "optimizer.state.exp_avg.embedding.word_embeddings.weight")
+state = {k: torch.empty(tensors[k][0], dtype=tensors[k][1]) for k in keys}
+dcp_torch.alone(lambda rank, ranks: dcp_torch.load(state, path))
+qkv, moment = state[keys[0]][1], state[keys[1]]  # [layers, 192, 64]: layer 1
+if output == "td_import":  # per head [q, k, v] blocks of 16 rows -> [q heads; k heads; v heads]
+    qkv = qkv.reshape(4, 3, 16, 64).transpose(0, 1).reshape(192, 64)
+for name, want in (("qkv", qkv), ("moment", moment)):
+    got = np.load("%s/%s.npy" % (work, name))
+    want = want.numpy()
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
+    assert np.isnan(got).sum() + np.isinf(got).sum() == 1, name
+PYEOF' sh "$PY" "$H5" "$WORK" "$1" "$2" "$3" "$ROOT/tests/formats"
+done
+expect_ok "tp-reshard --verify proves the carried output equal to the source (logical digests)" "$RS" "$WORK/td" \
+    --to tp2 --format tp --allow-nonfinite --verify -o "$WORK/td_tp2"
 
 # -------------------------------------------- PyTorch distributed checkpoint
 # Two ranks, one data file each: an fp32 [6, 8] cut along dimension 1 (rank
