@@ -86,6 +86,33 @@ static int json_int(const cJSON *v, int64_t *out)
     return 0;
 }
 
+/* One of a tensor's data_offsets (which: "begin" or "end"), bytes into the
+ * data after the header (data_bytes of them). cJSON reads a number as a
+ * double, whose integers are exact below 2^53 (8 PiB, past any file): an
+ * offset at or beyond it cannot be placed, and is said as past the data
+ * with the value read, rather than as begin > end. */
+static int parse_offset(const char *path, const char *tensor, const cJSON *v, const char *which, int64_t data_bytes,
+                        int64_t *out)
+{
+    if (!cJSON_IsNumber(v))
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: data_offsets %s is not a number (data_offsets are [begin, end], "
+                       "byte offsets into the data)", path, tensor, which);
+    double x = v->valuedouble;
+    if (x < 0 || x != floor(x))
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: data_offsets %s %.17g is not a nonnegative integer", path, tensor,
+                       which, x);
+    if (x >= 9007199254740992.0) {
+        if (x > (double)data_bytes)
+            return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: data_offsets %s %.0f lies past the end of the data, which "
+                           "holds %lld bytes (and at or beyond 2^53, where a JSON number stops holding integers "
+                           "exactly)", path, tensor, which, x, (long long)data_bytes);
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: data_offsets %s %.0f is at or beyond 2^53, where a JSON number "
+                       "stops holding integers exactly", path, tensor, which, x);
+    }
+    *out = (int64_t)x;
+    return TP_OK;
+}
+
 static int add_tensor(safetensors_set *set, const st_tensor *t)
 {
     if (set->count == set->capacity) {
@@ -135,10 +162,12 @@ static int parse_entry(safetensors_set *set, int file, const cJSON *item, st_ten
             return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: shape too large", path, item->string);
         bytes *= t->info.shape[d];
     }
-    if (json_int(cJSON_GetArrayItem(offsets, 0), &t->begin) || json_int(cJSON_GetArrayItem(offsets, 1), &t->end) ||
-        t->end < t->begin)
-        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: data_offsets must be [begin, end] with begin <= end", path,
-                            item->string);
+    int64_t data_bytes = set->files[file].size - set->files[file].data_start;
+    TP_TRY(parse_offset(path, item->string, cJSON_GetArrayItem(offsets, 0), "begin", data_bytes, &t->begin));
+    TP_TRY(parse_offset(path, item->string, cJSON_GetArrayItem(offsets, 1), "end", data_bytes, &t->end));
+    if (t->end < t->begin)
+        return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: data_offsets [%lld, %lld] must be [begin, end] with begin <= end",
+                       path, item->string, (long long)t->begin, (long long)t->end);
     if (t->end - t->begin != bytes)
         return tp_fail(TP_ERR_FORMAT, "%s: tensor %s: %s of %s shape needs %lld bytes, data_offsets [%lld, %lld] hold %lld",
                             path, item->string, t->info.dtype_name, t->info.ndim ? "its" : "scalar", (long long)bytes,

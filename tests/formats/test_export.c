@@ -1556,7 +1556,21 @@ static const malformed_file malformed_files[] = {
     {"dtype", -1, "{\"a\":{\"dtype\":\"F33\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "F33"},
     {"size", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, NULL},
     {"size2", -1, "{\"a\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,8]}}", 8, NULL},
-    {"backwards", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8, NULL},
+    {"backwards", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8,
+     "tensor a: data_offsets [8, 0] must be [begin, end] with begin <= end"},
+    /* Offsets a JSON number cannot hold exactly (cJSON reads a double: exact
+     * up to 2^53): said as past the data, with the tensor and the value, not
+     * as begin > end, which holds. */
+    {"end-past-2^53", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,18446744073709551616]}}", 8,
+     "tensor a: data_offsets end 18446744073709551616 lies past the end of the data, which holds 8 bytes (and at or "
+     "beyond 2^53, where a JSON number stops holding integers exactly)"},
+    {"begin-past-2^53", -1,
+     "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[9007199254740994,9007199254741002]}}", 8,
+     "tensor a: data_offsets begin 9007199254740994 lies past the end of the data, which holds 8 bytes"},
+    {"fractional-offset", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8.5]}}", 8,
+     "tensor a: data_offsets end 8.5 is not a nonnegative integer"},
+    {"string-offset", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[\"0\",8]}}", 8,
+     "tensor a: data_offsets begin is not a number"},
     {"no-offsets", -1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, NULL},
     {"overlap", -1,
      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
