@@ -165,6 +165,10 @@ int safetensors_open(safetensors_set **out, const char *path);
  * file, a file of a model directory, named); a remote location. */
 int safetensors_model_dir(const char *path, int *sharded);
 void safetensors_close(safetensors_set *set);
+/* What open found doubtful but not wrong, for its caller to say: "" or one
+ * sentence naming the file (an index whose metadata.total_size matches
+ * neither the shards' tensor bytes nor their file sizes). */
+const char *safetensors_warning(const safetensors_set *set);
 
 typedef struct {
     const char *name;

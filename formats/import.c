@@ -53,6 +53,7 @@ struct safetensors_set {
     cJSON *metadata;  /* __metadata__ of the first file, or NULL */
     char *names;      /* every tensor name, one block */
     int *by_name;     /* tensor indices in name order, for lookups */
+    char warning[4200 + 512]; /* safetensors_warning: the index path and one sentence, or "" */
 };
 
 void import_options_init(import_options *o)
@@ -387,6 +388,40 @@ static int check_weight_map(const safetensors_set *set, const cJSON *index, cons
     return status;
 }
 
+/* The index's metadata.total_size against the shards. No reader checks it
+ * (transformers' get_checkpoint_shard_files passes the metadata on
+ * untouched) and writers count it differently: huggingface_hub sums each
+ * distinct storage's bytes (a tensor viewing part of a larger storage counts
+ * all of it), transformers' older shard_checkpoint a bool's element as 1/8
+ * byte, mlx-examples' save_weights (2024) the shard files' sizes, headers
+ * included. The tensors themselves are checked against the weight map and
+ * each shard's header, so a total_size that matches neither the tensors'
+ * bytes nor the files' is said as a warning, not refused: it is the trace
+ * of an index from another copy of the model (another dtype, a shard
+ * replaced) as much as of another way of counting. Absent: nothing said. */
+static void check_total_size(safetensors_set *set, const cJSON *index, const char *index_path)
+{
+    const cJSON *metadata = cJSON_GetObjectItemCaseSensitive(index, "metadata");
+    const cJSON *total = cJSON_IsObject(metadata) ? cJSON_GetObjectItemCaseSensitive(metadata, "total_size") : NULL;
+    if (!total) return;
+    int64_t tensor_bytes = 0, file_bytes = 0;
+    for (int f = 0; f < set->num_files; f++) {
+        tensor_bytes += set->files[f].size - set->files[f].data_start; /* covered exactly by its tensors (parse_file) */
+        file_bytes += set->files[f].size;
+    }
+    if (!cJSON_IsNumber(total) || total->valuedouble < 0) {
+        snprintf(set->warning, sizeof set->warning, "%s: metadata.total_size is not a byte count; the shards' tensors "
+                 "hold %lld bytes (it was not used: each tensor was checked against its shard's header)", index_path,
+                 (long long)tensor_bytes);
+        return;
+    }
+    if (total->valuedouble == (double)tensor_bytes || total->valuedouble == (double)file_bytes) return;
+    snprintf(set->warning, sizeof set->warning, "%s: metadata.total_size says %.17g bytes, but the %d shards' tensors "
+             "hold %lld (their files %lld): an index of another copy of the model (another dtype, a shard replaced?) "
+             "or of a writer that counts otherwise; each tensor was read as its shard's header says", index_path,
+             total->valuedouble, set->num_files, (long long)tensor_bytes, (long long)file_bytes);
+}
+
 typedef struct {
     const char *file;
     int order; /* of first appearance in the weight map */
@@ -609,6 +644,7 @@ int safetensors_open(safetensors_set **out, const char *path)
             status = tp_fail(TP_ERR_FORMAT, "tensor %s appears twice (in %s and %s)", a->name, a->file, b->file);
     }
     if (!status && index) status = check_weight_map(set, index, index_path);
+    if (!status && index) check_total_size(set, index, index_path);
     for (int f = 0; f < files && headers; f++) cJSON_Delete(headers[f]);
     free(headers);
     cJSON_Delete(index);
@@ -619,6 +655,11 @@ int safetensors_open(safetensors_set **out, const char *path)
     }
     *out = set;
     return TP_OK;
+}
+
+const char *safetensors_warning(const safetensors_set *set)
+{
+    return set->warning;
 }
 
 int safetensors_count(const safetensors_set *set)

@@ -1266,6 +1266,11 @@ int64_t gpt_import_bytes(const gpt_import *im)
     return im->bytes;
 }
 
+const char *gpt_import_warning(const gpt_import *im)
+{
+    return safetensors_warning(im->set);
+}
+
 /* Entries of a GPT-2 file that are not parameters of the model: attention
  * masks older transformers saved as buffers. */
 static int attention_mask(const char *name, const char *prefix, int64_t layers)

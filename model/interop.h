@@ -191,6 +191,9 @@ typedef struct {
 int gpt_import_open(gpt_import **out, const char *dir, const gpt_import_request *request);
 int gpt_import_count(const gpt_import *job);   /* tensors to write */
 int64_t gpt_import_bytes(const gpt_import *job); /* bytes of tensor data to write */
+/* What opening the directory found doubtful but not wrong, for the program
+ * to say before it writes: "" or one sentence (safetensors_warning). */
+const char *gpt_import_warning(const gpt_import *job);
 /* Writes the checkpoint (step 0, weights only) at out_path. */
 int gpt_import_run(gpt_import *job, const import_options *options, const char *out_path);
 void gpt_import_close(gpt_import *job);

@@ -1582,6 +1582,8 @@ static int cmd_import(int argc, char **argv)
     if (status) {
         code = fail("%s", tp_errmsg());
     } else {
+        /* Said with what was imported: a refusal stays one line. */
+        if (gpt_import_warning(job)[0]) fprintf(stderr, "tp-ckpt: warning: %s\n", gpt_import_warning(job));
         warn_nonfinite(&nonfinite);
         char bytes[32];
         format_bytes((double)gpt_import_bytes(job), bytes, sizeof bytes);

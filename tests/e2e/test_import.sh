@@ -259,6 +259,42 @@ expect_error "a tensor missing from a sharded directory: the index named, not th
     "sh-nonorm/model.safetensors.index.json: tensor model.norm.weight \(for model/final_norm.*\) is missing" \
     "$CK" import "$WORK/sh-nonorm" -o "$WORK/bad-nonorm" --tp 1 --pp 1
 
+# --- The index's metadata.total_size: no reader checks it (transformers
+# passes the metadata on) and writers count it differently (huggingface_hub
+# the tensors' storages, mlx-examples once the files' sizes), so one that
+# matches neither the shards' tensor bytes nor their files' is said in one
+# warning line and the import goes on, every tensor checked against its
+# shard's header. The sizes are Python's, from the shards' headers.
+expect_ok "the sharded directory as exported" "$CK" import "$WORK/sh" -o "$WORK/sh-import" --tp 1 --pp 1
+check "says nothing of its total_size (the tensors' bytes)" test ! -s "$WORK/.err"
+cp -r "$WORK/sh" "$WORK/sh-total"
+# index_total DIR TENSORS|FILES|N: sets total_size; prints the shards' tensor bytes and file bytes.
+cat >"$WORK/index_total.py" <<'PYEOF'
+import json, os, struct, sys
+d, how = sys.argv[1], sys.argv[2]
+path = d + "/model.safetensors.index.json"
+index = json.load(open(path))
+files = [d + "/" + f for f in sorted(set(index["weight_map"].values()))]
+header_bytes = [8 + struct.unpack("<Q", open(f, "rb").read(8))[0] for f in files]
+file_bytes = sum(os.path.getsize(f) for f in files)
+tensor_bytes = file_bytes - sum(header_bytes)
+index["metadata"]["total_size"] = {"TENSORS": tensor_bytes, "FILES": file_bytes}.get(how) or int(how) * tensor_bytes
+json.dump(index, open(path, "w"))
+print(tensor_bytes, file_bytes, len(files))
+PYEOF
+set -- $("$PY" "$WORK/index_total.py" "$WORK/sh-total" 2)
+expect_ok "an index whose total_size is twice the shards' tensor bytes (another dtype's copy): imported" \
+    "$CK" import "$WORK/sh-total" -o "$WORK/sh-total-import" --tp 1 --pp 1
+check "with one warning line naming the index, what it says and what the shards hold" sh -c '
+test "$(wc -l <"$1")" -eq 1 && grep -q "^tp-ckpt: warning: .*sh-total/model.safetensors.index.json: metadata.total_size says $2 bytes, but the $5 shards. tensors hold $3 (their files $4): an index of another copy of the model" "$1"' \
+    sh "$WORK/.err" $(($1 * 2)) "$1" "$2" "$3"
+expect_ok "the tensors imported are the shards' (those of the directory as exported)" "$CK" diff "$WORK/sh-import" \
+    "$WORK/sh-total-import"
+"$PY" "$WORK/index_total.py" "$WORK/sh-total" FILES >/dev/null
+expect_ok "an index whose total_size counts the shard files (mlx-examples' save_weights)" \
+    "$CK" import "$WORK/sh-total" -o "$WORK/sh-files-import" --tp 1 --pp 1
+check "says nothing" test ! -s "$WORK/.err"
+
 # --- Inputs that are not a safetensors model directory, said as what they are.
 mkdir "$WORK/bin"
 cp "$WORK/hf-llama/config.json" "$WORK/bin/"

@@ -1690,6 +1690,62 @@ Test(export, safetensors_open_rejects_malformed_files)
 }
 #undef ONE_F32
 
+/* model.safetensors.index.json's metadata.total_size against the shards
+ * (part-1: a F32 [2], part-2: a F16 [2]; 12 bytes of tensors): said as a
+ * warning when it matches neither the tensors' bytes nor the files' (an
+ * index of another copy of the model, another dtype: here 24), silent when
+ * it matches either (huggingface_hub counts tensor bytes, mlx-examples'
+ * save_weights counted file sizes) or is absent; opened all the same, as
+ * transformers loads such a directory. */
+Test(export, safetensors_index_total_size_is_checked)
+{
+    static const char part1[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    static const char part2[] = "{\"b\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}";
+    uint8_t data[8] = {0};
+    char path[800], file[900];
+    snprintf(path, sizeof path, "%s/total", dir);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    snprintf(file, sizeof file, "%s/part-1.safetensors", path);
+    write_st(file, -1, part1, data, 8);
+    snprintf(file, sizeof file, "%s/part-2.safetensors", path);
+    write_st(file, -1, part2, data, 4);
+    long long file_bytes = (long long)(8 + strlen(part1) + 8 + 8 + strlen(part2) + 4);
+    char by_files[64];
+    snprintf(by_files, sizeof by_files, "{\"total_size\":%lld}", file_bytes);
+    static const char map[] = "\"weight_map\":{\"a\":\"part-1.safetensors\",\"b\":\"part-2.safetensors\"}}";
+    const struct {
+        const char *what, *metadata; /* the index's metadata object, NULL: none */
+        const char *warned;          /* in the warning, NULL: none */
+    } cases[] = {
+        {"the tensors' bytes", "{\"total_size\":12}", NULL},
+        {"the files' bytes", by_files, NULL},
+        {"no total_size", "{\"format\":\"pt\"}", NULL},
+        {"no metadata", NULL, NULL},
+        {"twice the tensors' bytes (another dtype)", "{\"total_size\":24}",
+         "model.safetensors.index.json: metadata.total_size says 24 bytes, but the 2 shards' tensors hold 12 (their "
+         "files "},
+        {"a fraction (a bool counted as 1/8 byte)", "{\"total_size\":12.125}", "total_size says 12.125 bytes"},
+        {"a string", "{\"total_size\":\"12\"}", "metadata.total_size is not a byte count; the shards' tensors hold 12 bytes"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char index[600];
+        snprintf(index, sizeof index, "{%s%s%s%s", cases[i].metadata ? "\"metadata\":" : "",
+                 cases[i].metadata ? cases[i].metadata : "", cases[i].metadata ? "," : "", map);
+        snprintf(file, sizeof file, "%s/model.safetensors.index.json", path);
+        write_all(file, index, strlen(index));
+        safetensors_set *set = NULL;
+        cr_assert_eq(safetensors_open(&set, path), TP_OK, "%s: opened: %s", cases[i].what, tp_errmsg());
+        const char *warning = safetensors_warning(set);
+        if (cases[i].warned)
+            cr_assert(strstr(warning, cases[i].warned) && strstr(warning, path), "%s: the warning says '%s': '%s'",
+                      cases[i].what, cases[i].warned, warning);
+        else
+            cr_assert_str_empty(warning, "%s: nothing to say: '%s'", cases[i].what, warning);
+        cr_assert_eq(safetensors_count(set), 2);
+        safetensors_close(set);
+    }
+}
+
 /* An empty tensor takes no bytes; the reference implementation sorts by
  * (begin, end), so one at an offset where another tensor begins is valid. */
 Test(export, safetensors_open_accepts_empty_tensor_between_others)
