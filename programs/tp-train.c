@@ -63,7 +63,8 @@ static const char *usage_text =
     "           written asynchronously; SIGTERM, SIGUSR1, SIGHUP or a first SIGINT (Ctrl-C), or --stop-at: finish\n"
     "           the step, checkpoint, exit 0 (a second SIGINT ends it at once; a run resumed at or past\n"
     "           --stop-at N stops before training). --resume continues from the newest intact checkpoint, at any layout\n"
-    "           (without model options, with its model and its run's --dtype);\n"
+    "           (without model options, with its model and its run's --dtype); model options other than its\n"
+    "           model, or no --data for a run trained on token files, are refused (exit 2);\n"
     "           without it, a --ckpt-dir that holds committed checkpoints is refused (exit 2): a new run never\n"
     "           replaces another's history. A checkpoint itself as --ckpt-dir is refused (exit 2): new\n"
     "           checkpoints go into a run directory, never inside a checkpoint (mkdir RUN; cp -r CKPT RUN/step_N).\n"
@@ -1110,5 +1111,8 @@ int main(int argc, char **argv)
     free(peak_rss);
     comm_free(device_comm);
     comm_free(cm);
-    return status ? 1 : 0;
+    /* Options the resumed run contradicts (another model, no --data) are a
+     * usage error, as launch_comm's and refuse_foreign_ckpt's: a retrying
+     * job script or tp-elastic relaunches no such launch. */
+    return !status ? 0 : outcome.options_refused ? 2 : 1;
 }

@@ -892,6 +892,7 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
     tensor_map map;
     int n = 0, root = c->dp_rank == 0;
     load_buffers b = {0};
+    memset(out, 0, sizeof *out);
     int status = shared_candidates(c, dir, &list, &n);
     if (!status) status = tensor_map_create(&map, m, with_optimizer);
     else memset(&map, 0, sizeof map);
@@ -937,8 +938,10 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
         /* Nor is another model: an older checkpoint of the run holds it too,
          * or, worse, one that matches the flags by chance would be taken. */
         if (!status) status = comm_any(c, other_model, &any_other_model);
-        if (!status && any_other_model)
+        if (!status && any_other_model) {
+            out->other_model = 1;
             status = tp_fail(TP_ERR_ARG, "%s", message); /* gpt_config_check_same's, saying what to do */
+        }
         if (!status && any_unanswered)
             status = tp_fail(TP_ERR_IO, "%s; %s could not be read, and no older checkpoint is taken in its place "
                              "(resume when the store answers)", unasked, list[k].path);

@@ -104,6 +104,9 @@ typedef struct {
                                  read, besides what it keeps and the staging of at most dp x 1M values on a
                                  device: on a first replica (dp rank 0) both moments whole with ZeRO-1, and one
                                  unit's parameters and moments (the largest unit's size) with ZeRO-3; else 0 */
+    int other_model;          /* set, on every rank, when the load failed because the newest checkpoint holds
+                                 another model than this run's (gpt_config_check_same): the launch's flags are
+                                 wrong, not the checkpoint (no older one is tried) */
 } load_result;
 
 /* Told, on every rank, when a checkpoint is passed over: `text` names it,

@@ -650,10 +650,12 @@ static int compare_settings(trainer *t, const load_result *loaded)
     cJSON_free(schedule_text);
     const cJSON *data = cJSON_GetObjectItemCaseSensitive(run, "data");
     int status = TP_OK;
-    if (!o->data && cJSON_IsString(data) && !strcmp(data->valuestring, "files"))
+    if (!o->data && cJSON_IsString(data) && !strcmp(data->valuestring, "files")) {
+        t->outcome->options_refused = 1; /* every rank read the same record */
         status = tp_fail(TP_ERR_ARG, "--resume: %s was trained on token files (--data), and this launch gives no --data: "
                          "it would train the run's weights on synthetic data from here on; give --data (the run's files)",
                          loaded->path);
+    }
     char changed[1024] = "";
     note_change(changed, sizeof changed, "--lr", schedule_now, schedule, "lr");
     note_change(changed, sizeof changed, "--min-lr", schedule_now, schedule, "min_lr");
@@ -708,7 +710,11 @@ static int resume(trainer *t, int64_t *start_step, int *loaded_one)
     }
     load_result loaded;
     double start = now_seconds();
-    TP_TRY(checkpoint_load(t->model, o->ckpt_dir, 1, warn, t, &loaded));
+    int status = checkpoint_load(t->model, o->ckpt_dir, 1, warn, t, &loaded);
+    if (status) {
+        t->outcome->options_refused = loaded.other_model; /* the flags' fault, not the checkpoint's */
+        return status;
+    }
     *loaded_one = 1;
     *start_step = loaded.step;
     t->consumed = loaded.consumed_samples;

@@ -129,6 +129,9 @@ typedef struct {
     double seconds, stall_seconds, first_loss, last_loss;
     int all_ranks_know;        /* TRAIN_FAILED, TRAIN_DIVERGED, TRAIN_IN_USE: every rank failed with it; 0: maybe only this rank, while
                                   others wait on it in a collective (the caller ends them: comm_abort) */
+    int options_refused;       /* TRAIN_FAILED before any step, on every rank: this launch's options contradict the
+                                  run it resumes (another model than its checkpoint's; no --data for a run on token
+                                  files), as a usage error would; other failures leave it 0 */
     char reason[2048];         /* TRAIN_FAILED, TRAIN_DIVERGED, TRAIN_IN_USE */
 } train_outcome;
 

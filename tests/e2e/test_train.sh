@@ -902,8 +902,8 @@ for option in "--ckpt-every 2" --sync-save "--ckpt-cache $WORK/cache"; do
         grep -q "^tp-train: warning: ${option%% *} without --ckpt-dir: no checkpoint is written$" "$WORK/.err"
 done
 run "$TRAIN" $TINY --dim 128 --steps 22 --ckpt-dir "$WORK/run" --resume
-check_all "resume with another model shape: refused at the newest checkpoint, both shapes named, no fallback" \
-    '[ "$RC" -eq 1 ] && [ "$(wc -l <"$WORK/.err")" -eq 1 ] &&
+check_all "resume with another model shape: refused at the newest checkpoint (a usage error), both shapes named, no fallback" \
+    '[ "$RC" -eq 2 ] && [ "$(wc -l <"$WORK/.err")" -eq 1 ] &&
     grep -q "^tp-train: error: .*holds another model: .*dim 64 .*this run has .*dim 128 .*: resume with the model flags" \
     "$WORK/.err" && ! grep -q "unusable\|falling back\|no intact" "$WORK/.err"'
 # A layout the command line asks for that the model or the ranks do not

@@ -334,14 +334,28 @@ check "no checkpoint written" [ "$(files "$WORK/run-meg")" = "$before" ]
 
 # --resume compares the checkpoint's record of its run with this launch: one
 # that forgot --data trained the run's weights on synthetic data without a
-# word (refused now, nothing trained); another schedule or global batch is
-# said, each setting with the one it was trained with.
+# word (refused now, nothing trained: a usage error, exit 2, as another
+# model's flags are below); another schedule or global batch is said, each
+# setting with the one it was trained with.
 S="$WORK/settings"
 expect_ok "a run on token files, stopped at step 3" "$TRAIN" $TINY --global-batch 8 --data "$WORK/tokens.bin" --lr 1e-3 \
     --warmup 2 --steps 6 --ckpt-dir "$S" --stop-at 3
-expect_error "resumed without --data: refused, naming the checkpoint and the option" 1 \
+expect_error "resumed without --data: refused, naming the checkpoint and the option" 2 \
     "^tp-train: error: --resume: .*settings/step_00000003 was trained on token files \(--data\), and this launch gives no --data" \
     "$TRAIN" $TINY --global-batch 8 --lr 1e-3 --warmup 2 --steps 6 --ckpt-dir "$S" --resume
+check "nothing trained or saved" [ "$(ls "$S" | tr '\n' ' ')" = "latest step_00000003 " ]
+# Model flags other than the checkpoint's are the launch's usage error too
+# (exit 2, as tp-elastic says it before launching): it was exit 1, which a
+# job script that retries failures relaunched forever. Every rank of two
+# agrees; the log's stop line still says why.
+run mpi_train 2 $TINY --dim 128 --global-batch 8 --data "$WORK/tokens.bin" --steps 6 --ckpt-dir "$S" --resume \
+    --log "$WORK/other-model.jsonl"
+check_all "resumed with another model's flags at 2 ranks: exit 2 ($RC), one line naming both models" \
+    '[ "$RC" -eq 2 ] && [ "$(grep -c "^tp-train: " "$WORK/.err")" -eq 1 ] &&
+    grep -q "^tp-train: error: .*settings/step_00000003 holds another model: .*dim 64 .*this run has .*dim 128 .*: resume with the model flags" "$WORK/.err"'
+check_all "the log's stop line: failed before any step (0), with the same reason" \
+    '[ "$(events "$WORK/other-model.jsonl" stop reason)|$(events "$WORK/other-model.jsonl" stop step)" = "failed |0 " ] &&
+    grep -q "\"event\":\"stop\".*\"error\":\".*holds another model" "$WORK/other-model.jsonl"'
 check "nothing trained or saved" [ "$(ls "$S" | tr '\n' ' ')" = "latest step_00000003 " ]
 run "$TRAIN" $TINY --data "$WORK/tokens.bin" --steps 12 --ckpt-dir "$S" --resume --stop-at 4
 check_all "resumed with another schedule and batch: said, each with what it was (exit $RC)" \

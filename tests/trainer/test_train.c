@@ -6,6 +6,7 @@
  * (tests/support/encoded_backend.h) trains as the CPU does, at every
  * layout, and its checkpoints resume on the CPU and the reverse. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -438,7 +439,58 @@ Test(train, a_failure_is_an_outcome_every_rank_knows)
     cr_assert(strstr(run.outcome.reason, "no-such-tokens.bin"), "%s", run.outcome.reason);
     cr_assert_str_eq(tp_errmsg(), run.outcome.reason);
     cr_assert_eq(run.outcome.steps_run, 0);
+    cr_assert_eq(run.outcome.options_refused, 0, "a missing data file is a failure, not the options' contradiction");
     comm_free(alone);
+}
+
+/* A resume whose model flags are not its checkpoint's: every rank fails
+ * with gpt_config_check_same's reason and marks the options refused
+ * (tp-train's usage error, exit 2); the same run resumed with its own model
+ * but its newest checkpoint damaged fails without the mark (exit 1). */
+Test(train, another_model_at_resume_refuses_the_options_on_every_rank, .timeout = 120)
+{
+    char run_dir[700];
+    snprintf(run_dir, sizeof run_dir, "%s/run", dir);
+    rank_run runs[2];
+    rank_slot slots[2];
+    memset(runs, 0, sizeof runs);
+    memset(slots, 0, sizeof slots);
+    tiny_options(&runs[0].options, 2);
+    runs[0].options.ckpt_dir = run_dir;
+    slots[0].arg = &runs[0];
+    run_ranks(1, 1, 1, train_rank, slots);
+    cr_assert_eq(slots[0].status, TP_OK, "%s", runs[0].outcome.reason);
+
+    for (int damaged = 0; damaged < 2; damaged++) {
+        if (damaged) { /* the run's only checkpoint, its index cut short */
+            char index[800];
+            snprintf(index, sizeof index, "%s/step_00000002/index.json", run_dir);
+            cr_assert_eq(truncate(index, 10), 0, "%s: %s", index, strerror(errno));
+        }
+        memset(runs, 0, sizeof runs);
+        memset(slots, 0, sizeof slots);
+        for (int r = 0; r < 2; r++) { /* two data-parallel ranks */
+            tiny_options(&runs[r].options, 4);
+            runs[r].options.ckpt_dir = run_dir;
+            runs[r].options.resume = 1;
+            if (!damaged) runs[r].options.config.dim *= 2;
+            slots[r].arg = &runs[r];
+        }
+        run_ranks(1, 1, 2, train_rank, slots);
+        for (int r = 0; r < 2; r++) {
+            const train_outcome *o = &runs[r].outcome;
+            cr_assert_neq(slots[r].status, TP_OK, "rank %d resumed", r);
+            cr_assert(o->end == TRAIN_FAILED && o->all_ranks_know && o->steps_run == 0, "rank %d", r);
+            if (!damaged) {
+                cr_assert_eq(slots[r].status, TP_ERR_ARG, "rank %d: %s", r, o->reason);
+                cr_assert(strstr(o->reason, "holds another model"), "rank %d: %s", r, o->reason);
+                cr_assert_eq(o->options_refused, 1, "rank %d: another model is the options' fault", r);
+            } else {
+                cr_assert(strstr(o->reason, "no intact checkpoint"), "rank %d: %s", r, o->reason);
+                cr_assert_eq(o->options_refused, 0, "rank %d: damage is not the options' fault: %s", r, o->reason);
+            }
+        }
+    }
 }
 
 Test(train, a_claimed_run_directory_is_refused_alike_on_every_rank, .timeout = 120)
