@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "../ckpt/ckpt.h"
 #include "../common/error.h"
@@ -107,11 +108,17 @@ static int command_output(const char *command, char *out, size_t size)
     return tp_fail(TP_ERR_IO, "'%s' failed (%s): %.1000s", command, how, n ? out : "(it said nothing)");
 }
 
-/* The CPUs of a CPU_IDs list of scontrol's ("0-3,8,10-11"): 12 there, -1
- * when it is not such a list. */
-static int count_cpu_ids(const char *ids, size_t length)
+/* The CPUs of a CPU_IDs list of scontrol's ("0-3,8,10-11"): 7 there, -1
+ * when it is not such a list; *cores: the cores they are on, of
+ * threads_per_core threads each. Slurm numbers a node's CPUs core by core
+ * (core c holds CPUs c*T to c*T + T - 1: scontrol builds the list from the
+ * job's cores that way), in ascending order, so 0-3,8,10-11 with 2 threads
+ * a core is cores 0, 1, 4 and 5. */
+static int count_cpu_ids(const char *ids, size_t length, int threads_per_core, int *cores)
 {
     int count = 0;
+    long last_core = -1;
+    *cores = 0;
     for (size_t i = 0; i < length;) {
         char *end = NULL;
         long a = strtol(ids + i, &end, 10), b = a;
@@ -124,21 +131,25 @@ static int count_cpu_ids(const char *ids, size_t length)
             i = (size_t)(end - ids);
         }
         count += (int)(b - a + 1);
+        for (long core = a / threads_per_core; core <= b / threads_per_core; core++)
+            if (core > last_core) (*cores)++, last_core = core;
         if (i < length && ids[i] != ',') return -1;
         i++;
     }
     return count;
 }
 
-/* The job's own CPUs on each of its nodes and its CPUs per task, from
- * `scontrol show job -d JOB` (lines "Nodes=n[1-2] CPU_IDs=0-3 Mem=..." and
- * "CPUs/Task=N"): an allocation that does not hold whole nodes (--ntasks-
- * per-node=8 on nodes of 64 CPUs, no --exclusive) may start only that many
- * tasks there, and srun refused a step of the node's CPU count ("More
- * processors requested than permitted"), relaunched until it was called a
- * bug; SLURM_JOB_CPUS_PER_NODE (elastic_launch_env) says the same. Nodes
- * the answer does not name keep the node's CPUs (sinfo's). */
-static int slurm_job_cpus(const char *job_id, elastic_capacity *out, int *cpus_per_task)
+/* The job's own CPUs on each of its nodes, the cores they are on, and its
+ * CPUs per task, from `scontrol show job -d JOB` (lines "Nodes=n[1-2]
+ * CPU_IDs=0-3 Mem=..." and "CPUs/Task=N"): an allocation that does not hold
+ * whole nodes (--ntasks-per-node=8 on nodes of 64 CPUs, no --exclusive) may
+ * start only that many tasks there, and srun refused a step of the node's
+ * CPU count ("More processors requested than permitted"), relaunched until
+ * it was called a bug; SLURM_JOB_CPUS_PER_NODE (elastic_launch_env) says the
+ * same. threads_per_core[i]: node i's (sinfo's). Nodes the answer does not
+ * name keep the node's CPUs and cores (sinfo's). */
+static int slurm_job_cpus(const char *job_id, const int *threads_per_core, elastic_capacity *out,
+                          int *cpus_per_task)
 {
     char detail[65536], command[4200];
     *cpus_per_task = 1;
@@ -154,8 +165,9 @@ static int slurm_job_cpus(const char *job_id, elastic_capacity *out, int *cpus_p
         if (!ids) continue;
         size_t list_length = (size_t)(ids - line) - 6;
         ids += 9;
-        int cpus = count_cpu_ids(ids, strcspn(ids, " "));
-        if (cpus < 1) continue;
+        size_t ids_length = strcspn(ids, " ");
+        int cores = 0;
+        if (count_cpu_ids(ids, ids_length, 1, &cores) < 1) continue;
         char list[4096], names[65536];
         if (list_length >= sizeof list) continue;
         memcpy(list, line + 6, list_length);
@@ -166,7 +178,8 @@ static int slurm_job_cpus(const char *job_id, elastic_capacity *out, int *cpus_p
         TP_TRY(command_output(command, names, sizeof names));
         for (char *name = strtok_r(names, "\n", &save); name; name = strtok_r(NULL, "\n", &save))
             for (int i = 0; i < out->nodes; i++)
-                if (strcmp(out->node_names[i], name) == 0) out->node_cpus[i] = cpus;
+                if (strcmp(out->node_names[i], name) == 0)
+                    out->node_cpus[i] = count_cpu_ids(ids, ids_length, threads_per_core[i], &out->node_cores[i]);
     }
     return TP_OK;
 }
@@ -179,11 +192,17 @@ static int slurm_job_cpus(const char *job_id, elastic_capacity *out, int *cpus_p
  * (`scontrol show hostnames "$(squeue ...)"`), which lost its exit status,
  * and a controller that did not answer read as an allocation of 0 nodes
  * (the trainer stopped, waiting for capacity). */
+/* A job id goes into a shell command: digits (and an array's '_') only. */
+static int check_job_id(const char *job_id)
+{
+    for (const char *c = job_id; *c; c++)
+        if ((*c < '0' || *c > '9') && *c != '_') return tp_fail(TP_ERR_ARG, "Slurm job id '%s' is not a number", job_id);
+    return job_id[0] ? TP_OK : tp_fail(TP_ERR_ARG, "no Slurm job id");
+}
+
 static int read_slurm(const elastic_capacity_source *source, elastic_capacity *out)
 {
-    for (const char *c = source->job_id; *c; c++)
-        if ((*c < '0' || *c > '9') && *c != '_')
-            return tp_fail(TP_ERR_ARG, "Slurm job id '%s' is not a number", source->job_id);
+    TP_TRY(check_job_id(source->job_id));
     char list[65536], nodes[65536], command[512 + sizeof list];
     snprintf(command, sizeof command, "squeue -h -j %s -o %%N", source->job_id);
     TP_TRY(command_output(command, list, sizeof list));
@@ -205,12 +224,13 @@ static int read_slurm(const elastic_capacity_source *source, elastic_capacity *o
     static char states[1 << 20];
     states[0] = '\0';
     if (list[0]) {
-        snprintf(command, sizeof command, "sinfo -h -N -n '%s' -o '%%N %%T %%c'", list);
+        snprintf(command, sizeof command, "sinfo -h -N -n '%s' -o '%%N %%T %%c %%Z'", list);
         TP_TRY(command_output(command, states, sizeof states));
     }
     char *names_left = NULL;
+    int threads_per_core[ELASTIC_MAX_NODES]; /* of each node of out */
     for (char *name = strtok_r(nodes, "\n", &names_left); name; name = strtok_r(NULL, "\n", &names_left)) {
-        char state[256] = "", cpus[64];
+        char state[256] = "", cpus[64], threads[64] = "";
         size_t name_length = strlen(name);
         for (const char *line = states; *line; line += strcspn(line, "\n"), line += *line == '\n')
             if (strncmp(line, name, name_length) == 0 && line[name_length] == ' ') {
@@ -220,22 +240,58 @@ static int read_slurm(const elastic_capacity_source *source, elastic_capacity *o
                 state[length] = '\0';
                 break;
             }
-        if (sscanf(state, "%*s %63s", cpus) != 1) return tp_fail(TP_ERR_IO, "sinfo on node %s said '%s'", name, state);
+        if (sscanf(state, "%*s %63s %63s", cpus, threads) < 1)
+            return tp_fail(TP_ERR_IO, "sinfo on node %s said '%s'", name, state);
         /* down, drained, failing or not responding ("*"): not usable */
         if (strstr(state, "down") || strstr(state, "drain") || strstr(state, "fail") || strchr(state, '*')) continue;
-        int64_t node_cpus = 0; /* unknown when sinfo says something else */
+        int64_t node_cpus = 0, node_threads = 1; /* unknown when sinfo says something else; a core a CPU */
         if (parse_int_in_file(cpus, 0, 1 << 20, &node_cpus) != 0) node_cpus = 0;
+        if (parse_int_in_file(threads, 1, 1 << 10, &node_threads) != 0) node_threads = 1;
         TP_TRY(add_node(out, name, 0, (int)node_cpus, "the Slurm allocation"));
+        threads_per_core[out->nodes - 1] = (int)node_threads;
+        out->node_cores[out->nodes - 1] = (int)(node_cpus / node_threads);
     }
-    /* The ranks of each node: the job's CPUs there (not the node's: the
-     * job may hold part of it), a task's CPUs each, or --ranks-per-node. */
+    /* The ranks of each node: the job's cores there (not the node's: the
+     * job may hold part of it), a task's cores each (its CPUs, over the
+     * node's threads a core), or the trainer's compute threads (one a core)
+     * where those are more; or --ranks-per-node. Not the job's CPUs: on a
+     * node of 2 threads a core they are hardware threads (Slurm's CPUs,
+     * SLURM_CPUS_ON_NODE and CPU_IDs count threads, under CR_Core as under
+     * CR_CPU), and a rank a thread put two ranks on each core, each with
+     * half its arithmetic units. */
     int cpus_per_task = 1;
-    if (out->nodes > 0) TP_TRY(slurm_job_cpus(source->job_id, out, &cpus_per_task));
+    if (out->nodes > 0) TP_TRY(slurm_job_cpus(source->job_id, threads_per_core, out, &cpus_per_task));
     out->world = 0;
     for (int i = 0; i < out->nodes; i++) {
-        int ranks = source->ranks_per_node > 0 ? source->ranks_per_node : out->node_cpus[i] / cpus_per_task;
+        int cores_per_task = (cpus_per_task + threads_per_core[i] - 1) / threads_per_core[i];
+        int cores_per_rank = source->threads_per_rank > cores_per_task ? source->threads_per_rank : cores_per_task;
+        int ranks = source->ranks_per_node > 0 ? source->ranks_per_node : out->node_cores[i] / cores_per_rank;
         out->node_ranks[i] = ranks < 1 ? 1 : ranks;
         out->world += out->node_ranks[i];
+    }
+    return TP_OK;
+}
+
+int elastic_slurm_step_pending(const char *job_id, pid_t srun_pid, int *pending, char *line, size_t size)
+{
+    *pending = 0;
+    TP_TRY(check_job_id(job_id));
+    static char steps[1 << 18];
+    char command[128], host[256] = "", mark[320];
+    snprintf(command, sizeof command, "scontrol -o show step %s", job_id);
+    TP_TRY(command_output(command, steps, sizeof steps));
+    /* srun names itself by its host's short name (Slurm's xshort_hostname) */
+    if (gethostname(host, sizeof host - 1) != 0) return tp_fail(TP_ERR_IO, "gethostname: %s", strerror(errno));
+    host[strcspn(host, ".")] = '\0';
+    int length = snprintf(mark, sizeof mark, " SrunHost:Pid=%s:%d", host, (int)srun_pid);
+    for (char *step = steps, *next; *step; step = next) {
+        next = step + strcspn(step, "\n");
+        if (*next) *next++ = '\0';
+        const char *at = strstr(step, mark);
+        if (!at || (at[length] != '\0' && at[length] != ' ')) continue;
+        *pending = strstr(step, " State=PENDING") != NULL;
+        if (*pending && line) snprintf(line, size, "scontrol show step: %s", step);
+        return TP_OK;
     }
     return TP_OK;
 }

@@ -28,7 +28,9 @@ typedef struct {
     int world;           /* ELASTIC_CAPACITY_WORLD */
     char path[4096];     /* WORLD_FILE, HOSTFILE */
     char job_id[64];     /* SLURM */
-    int ranks_per_node;  /* SLURM: tasks per node (0: the node's CPUs) */
+    int ranks_per_node;  /* SLURM: tasks per node (0: the job's cores there, threads_per_rank a rank) */
+    int threads_per_rank; /* SLURM: the trainer's compute threads per rank (tp-train --threads; 0: 1), each
+                             a core of its own: a hardware thread more of a core adds no arithmetic units */
 } elastic_capacity_source;
 
 #define ELASTIC_MAX_NODES 256
@@ -38,11 +40,23 @@ typedef struct {
     int nodes;                           /* 0 when the source names none (WORLD, WORLD_FILE) */
     char node_names[ELASTIC_MAX_NODES][64];
     int node_ranks[ELASTIC_MAX_NODES];   /* ranks each node offers */
-    int node_cpus[ELASTIC_MAX_NODES];    /* SLURM: each node's CPUs (0 elsewhere) */
+    int node_cpus[ELASTIC_MAX_NODES];    /* SLURM: each node's CPUs, hardware threads as Slurm counts them
+                                            (0 elsewhere) */
+    int node_cores[ELASTIC_MAX_NODES];   /* SLURM: the cores those CPUs are on (0 elsewhere) */
 } elastic_capacity;
 
 /* The capacity now. Fails naming the source when it cannot be read. */
 int elastic_capacity_read(const elastic_capacity_source *source, elastic_capacity *out);
+
+/* Whether Slurm holds pending the step that srun srun_pid (of this host)
+ * asks of job job_id: the allocation has no free CPUs for it yet (`scontrol
+ * -o show step JOB` lists it as StepId=JOB.TDB, State=PENDING, with
+ * SrunHost:Pid=HOST:PID). *pending is 0 when Slurm lists the step running,
+ * or not at all; when pending, Slurm's line goes to line (up to size - 1
+ * bytes; line may be NULL). srun itself says so only when its first wait
+ * for the step ends, after SlurmctldTimeout and up to 9 s more (120 s by
+ * default). Fails when scontrol does. */
+int elastic_slurm_step_pending(const char *job_id, pid_t srun_pid, int *pending, char *line, size_t size);
 
 /* ---------------------------------------------------------------- launch */
 

@@ -448,7 +448,8 @@ static int open_state(run_state *s, const elastic_run_options *o)
 
 /* ------------------------------------------------------------ one launch */
 
-typedef enum { END_FINISHED, END_FAILED, END_HUNG, END_SCALE, END_STOPPED } launch_end;
+/* END_PENDING: srun's step was held pending past --capacity-wait, and ended. */
+typedef enum { END_FINISHED, END_FAILED, END_HUNG, END_SCALE, END_STOPPED, END_PENDING } launch_end;
 
 typedef struct {
     run_state *s;
@@ -462,6 +463,11 @@ typedef struct {
     int stop_line_in_use;   /* the trainer was refused: another live run holds the run directory */
     int save_wait;          /* a save_wait line came after the last step line */
     double step_began;      /* the trainer's time of its last start or step line; 0: none yet */
+    const char *output;     /* the launch's output (launch-N.out) */
+    double pending_since;   /* when Slurm (or srun) said that it holds the step pending; 0: it does not */
+    int step_created;       /* the step held pending was created since (follow_pending_step) */
+    char pending_line[512]; /* srun's line or Slurm's saying so */
+    double next_step_query; /* when Slurm is next asked whether the step is pending */
     /* what the first step of the launch reports */
     int have_checkpoint, reshard;
     int64_t resumed;
@@ -726,8 +732,9 @@ static void output_tail(const char *path, char *out, size_t size, int *no_space)
 }
 
 /* Whether a launch's output (its first 64 KiB) holds text: what a launcher
- * says before it starts any rank. */
-static int output_says(const char *path, const char *text)
+ * says before it starts any rank. The line that holds it goes to line (up
+ * to size - 1 bytes) when line is not NULL. */
+static int output_line(const char *path, const char *text, char *line, size_t size)
 {
     char buffer[64 << 10];
     int fd = -1;
@@ -735,7 +742,21 @@ static int output_says(const char *path, const char *text)
     ssize_t n = read(fd, buffer, sizeof buffer - 1);
     close(fd);
     buffer[n > 0 ? n : 0] = '\0';
-    return n > 0 && memmem(buffer, (size_t)n, text, strlen(text)) != NULL;
+    const char *found = n > 0 ? memmem(buffer, (size_t)n, text, strlen(text)) : NULL;
+    if (found && line) {
+        const char *start = found;
+        while (start > buffer && start[-1] != '\n') start--;
+        size_t length = strcspn(start, "\r\n");
+        if (length > size - 1) length = size - 1;
+        memcpy(line, start, length);
+        line[length] = '\0';
+    }
+    return found != NULL;
+}
+
+static int output_says(const char *path, const char *text)
+{
+    return output_line(path, text, NULL, 0);
 }
 
 /* Whether the device of path has (next to) nothing left: under 1 MiB free.
@@ -768,6 +789,65 @@ static int capacity_changed(run_state *s, const elastic_layout *l, int *world_ou
     /* grown: a plan would use more ranks; shrunk below what runs: stop
      * cleanly before the launcher notices */
     return (ranks > l->ranks) || now.world < l->ranks;
+}
+
+/* srun's step held pending: the allocation has no free CPUs for it yet
+ * (another step of the job still ending, capacity shrinking). Slurm lists
+ * it pending (elastic_slurm_step_pending, asked once a second inside an
+ * allocation), and srun says so on its output ("srun: Job 77 step creation
+ * temporarily disabled, retrying (Requested nodes are busy)", then "srun:
+ * Step created for job 77" once Slurm gives it the CPUs), though only when
+ * its first wait for the step ends (after SlurmctldTimeout, 120 s by
+ * default). Until the step is created no trainer runs: a wait for
+ * capacity, not a hang (it was ended as one at --start-timeout, its wait
+ * counted as a hang's detection), bounded by --capacity-wait
+ * (watch_launch); the start's allowance runs from the step's creation.
+ * Said by a step_pending and a step_created event. */
+static void follow_pending_step(run_state *s, launch_watch *w, pid_t pid, double now)
+{
+    if (w->step_created) return;
+    int slurm_pending = -1; /* -1: not asked, or no answer */
+    if (s->o->capacity.kind == ELASTIC_CAPACITY_SLURM && !w->started && now >= w->next_step_query) {
+        w->next_step_query = now + 1;
+        int pending = 0;
+        char line[sizeof w->pending_line];
+        if (elastic_slurm_step_pending(s->o->capacity.job_id, pid, &pending, line, sizeof line) == TP_OK) {
+            slurm_pending = pending;
+            if (pending && w->pending_since == 0) snprintf(w->pending_line, sizeof w->pending_line, "%s", line);
+        }
+    }
+    if (w->pending_since == 0) {
+        if (w->started) return;
+        if (slurm_pending != 1 &&
+            !output_line(w->output, "step creation temporarily disabled", w->pending_line, sizeof w->pending_line))
+            return;
+        w->pending_since = now;
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "why", w->pending_line);
+        cJSON_AddNumberToObject(e, "ranks", w->layout->ranks);
+        cJSON_AddNumberToObject(e, "limit_seconds", s->o->capacity_wait_seconds);
+        emit(s, "step_pending", e);
+        return;
+    }
+    if (!w->started && slurm_pending != 0 && !output_says(w->output, "Step created for ")) return;
+    w->step_created = 1;
+    w->last_progress = now; /* the start's allowance from here: the load, a reshard */
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "pending_seconds", now - w->pending_since);
+    emit(s, "step_created", e);
+    w->pending_since = 0;
+}
+
+/* The scale_change event: from the launch's world to `world`, after its
+ * last step; step_pending when the launch's step was still held pending. */
+static void say_scale_change(run_state *s, const launch_watch *w, int world)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "from_world", w->world);
+    cJSON_AddNumberToObject(e, "to_world", world);
+    cJSON_AddNumberToObject(e, "step", (double)w->last_step);
+    if (w->pending_since > 0) cJSON_AddBoolToObject(e, "step_pending", 1);
+    emit(s, "scale_change", e);
 }
 
 /* Watches one launch until it ends; *status_out is the launcher's wait status. */
@@ -822,6 +902,27 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
                 }
             }
         }
+        /* A step Slurm holds pending is waited for as capacity is, up to
+         * --capacity-wait; when the allocation changes meanwhile, it is
+         * ended and the run re-planned (a scale change). No hang allowance
+         * runs while it waits. */
+        if (o->launcher == ELASTIC_LAUNCHER_SRUN) follow_pending_step(s, w, pid, now);
+        if (w->pending_since > 0) {
+            if (now - w->pending_since > o->capacity_wait_seconds) {
+                elastic_stop_group(pid, o->grace_seconds, status_out);
+                return END_PENDING;
+            }
+            if (now >= next_capacity_check) {
+                next_capacity_check = now + 1;
+                int world = 0;
+                if (capacity_changed(s, w->layout, &world)) {
+                    say_scale_change(s, w, world);
+                    elastic_stop_group(pid, o->grace_seconds, status_out);
+                    return END_SCALE;
+                }
+            }
+            continue;
+        }
         /* A hang: no progress within the allowance (the first step of a
          * launch loads and may reshard; a save may take long). Asked to
          * stop, the trainer finishes the step it is in, logs it, and only
@@ -853,11 +954,7 @@ static launch_end watch_launch(run_state *s, pid_t pid, launch_watch *w, int *st
                  * step before, and bench-elastic's node-down run, which
                  * downs a node once step 5 is logged, saw step 4). */
                 elastic_log_read(&follower, on_log_line, w);
-                cJSON *e = cJSON_CreateObject();
-                cJSON_AddNumberToObject(e, "from_world", w->world);
-                cJSON_AddNumberToObject(e, "to_world", world);
-                cJSON_AddNumberToObject(e, "step", (double)w->last_step);
-                emit(s, "scale_change", e);
+                say_scale_change(s, w, world);
                 asked_at_step = w->last_step;
                 kill(pid, SIGUSR1);
             }
@@ -1158,7 +1255,8 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
         return 1;
     }
     launch_watch w = {.s = s, .layout = &layout, .world = capacity.world, .first_step = -1, .last_step = resumed,
-                      .launched = launched, .last_progress = launched, .have_checkpoint = have_checkpoint,
+                      .launched = launched, .last_progress = launched, .output = output,
+                      .have_checkpoint = have_checkpoint,
                       .reshard = reshard, .resumed = resumed, .from_tp = chosen.tp, .from_pp = chosen.pp};
     int wait_status = 0;
     double detection = 0;
@@ -1183,6 +1281,20 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "step", (double)w.last_step);
         return emit(s, "stopped", e), 1;
+    }
+    /* A launch whose step Slurm held pending until it ended: the wait was
+     * for capacity, lost to relaunch as a wait below --min-world is (after
+     * the run's first launch); a step that started counts it with its time
+     * to the first step (first_step_seen). */
+    if ((end == END_SCALE || end == END_PENDING) && w.first_step < 0 && s->launches > 1)
+        s->lost[LOST_RELAUNCH] += now_seconds() - w.launched;
+    if (end == END_PENDING) {
+        snprintf(why, sizeof why,
+                 "srun's job step stayed pending for the %.0f s of --capacity-wait: Slurm had no free CPUs in the "
+                 "allocation for its %d ranks (%s; scontrol show step JOB shows the job's steps that hold "
+                 "them); the trainer never ran (%s)",
+                 o->capacity_wait_seconds, layout.ranks, w.pending_line, output);
+        return *status_out = give_up(s, summary, why), 1;
     }
     if (end == END_SCALE) {
         s->scale_changes++;

@@ -32,8 +32,11 @@ static const char run_usage[] =
     "\n"
     "capacity:  --world N | --world-file FILE (re-read when it changes) | --hostfile FILE (Open MPI's) |\n"
     "           inside a Slurm allocation, its nodes (asked of Slurm)\n"
-    "           --launcher auto|mpirun|srun (auto: srun inside Slurm, else mpirun) --ranks-per-node G\n"
-    "           --min-world M (1): below it, wait up to --capacity-wait S (600) for capacity\n"
+    "           --launcher auto|mpirun|srun (auto: srun inside Slurm, else mpirun) --ranks-per-node G (inside\n"
+    "           Slurm by default the job's cores on each node over tp-train's --threads, not its CPUs, which\n"
+    "           are hardware threads on hyperthreaded nodes)\n"
+    "           --min-world M (1): below it, wait up to --capacity-wait S (600) for capacity; an srun step\n"
+    "           Slurm holds pending (no free CPUs in the allocation yet) is waited for as long, not a hang\n"
     "failures:  --max-restarts K (10) --backoff S (1, doubled per failure) --repeat-limit N (3: failures at\n"
     "           one step without progress before giving up); both count this invocation's failures\n"
     "hangs:     --heartbeat-timeout S (60: no step for this long) --start-timeout S (300: to the first step)\n"
@@ -159,6 +162,9 @@ static void read_train_args(char **args, elastic_run_options *o, gpt_options *mo
         }
         if (strcmp(name, "micro-batch") == 0) o->micro_batch = cli_int(PROGRAM, "--micro-batch", value, 1, 1 << 20);
         if (strcmp(name, "steps") == 0) o->steps = cli_int(PROGRAM, "--steps", value, 1, (int64_t)1 << 40);
+        /* a core for each compute thread of a rank, where Slurm says the nodes' cores */
+        if (strcmp(name, "threads") == 0)
+            o->capacity.threads_per_rank = (int)cli_int(PROGRAM, "--threads", value, 1, 1024);
         if (!flag && !equals) i++;
     }
     if (!have_batch) cli_usage_error(PROGRAM, "the trainer's arguments need --global-batch B (sequences per step)");

@@ -9,7 +9,9 @@
 # naming it, rather than calling it rejected and launching on an older one.
 # And the steps an orchestrator killed with SIGKILL did not record are
 # counted as recomputed by the next; a relaunch that fails before its first
-# step does not count them again.
+# step does not count them again. And an srun step held pending (a fake
+# srun that says so) is a wait for capacity, not a hang, bounded by
+# --capacity-wait.
 # The other faults are test_elastic.sh's.
 # tier: check
 . "$(dirname "$0")/lib.sh"
@@ -118,6 +120,65 @@ expect_error "srun's step pending: the give-up says so" 1 \
     "srun's job step never started, 2 times in a row .*held it pending .*by another step of the job" \
     env PATH="$WORK/pending:$PATH" "$ELASTIC" run --ckpt-dir "$WORK/pendingrun" --launcher srun --world 2 \
     --backoff 0.1 --start-timeout 1 --grace 2 --repeat-limit 2 -- "$TRAIN" $TRAIN_ARGS
+
+# ----------- srun's step held pending: a wait for capacity, not a hang
+# A fake srun as Slurm's when the allocation's CPUs are still held by
+# another step of the job (the step before it ending): for the listed
+# launches (PEND_LAUNCH: the Nth, or every one) it says what the real one says ("step creation temporarily
+# disabled, retrying (Requested nodes are busy)"), waits PEND seconds (or
+# for good), says "Step created", then runs the step with mpirun. Before,
+# the wait was a hang at --start-timeout (1 s here): a hang event, its time
+# lost to detection, and a relaunch.
+mkdir -p "$WORK/pendsrun"
+cat >"$WORK/pendsrun/srun" <<'EOF_SRUN'
+#!/bin/sh
+n=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -n) n=$2; shift 2 ;;
+    -N | --nodelist) shift 2 ;;
+    --*) shift ;;
+    *) break ;;
+    esac
+done
+echo >>"$PEND_CALLS"
+if [ "$PEND_LAUNCH" = every ] || [ "$(wc -l <"$PEND_CALLS")" -eq "$PEND_LAUNCH" ]; then
+    echo "srun: Job 77 step creation temporarily disabled, retrying (Requested nodes are busy)" >&2
+    if [ "$PEND" = forever ]; then while :; do sleep 0.1; done; fi
+    sleep "$PEND"
+    echo "srun: Step created for job 77" >&2
+fi
+exec mpirun -np "$n" "$@"
+EOF_SRUN
+chmod +x "$WORK/pendsrun/srun"
+# A rank dies after step 25; the relaunch's step is held pending 3 s.
+R="$WORK/pendrelaunch"
+expect_ok "pending relaunch: the run finishes" env PATH="$WORK/pendsrun:$PATH" PEND_CALLS="$R.calls" PEND_LAUNCH=2 \
+    PEND=3 "$ELASTIC" run --ckpt-dir "$R" --launcher srun --world 2 --backoff 0.1 --heartbeat-timeout "$HEARTBEAT" \
+    --start-timeout 1 --grace 2 -- "$TRAIN" $TRAIN_ARGS --steps 30 --fault die --fault-step 25 --fault-rank 1 \
+    --fault-once "$R.fault"
+check_all "pending relaunch: no hang, one failure (the rank), 2 launches" \
+    '[ "$(events "$R" hang)" -eq 0 ] && [ "$(events "$R" failure)" -eq 1 ] && [ "$(events "$R" launch)" -eq 2 ]'
+check "pending relaunch: step_pending names srun's line" \
+    grep -q '"why":"srun: Job 77 step creation temporarily disabled, retrying (Requested nodes are busy)".*"event":"step_pending"' \
+    "$R/elastic/events.jsonl"
+pending=$(grep '"event":"step_created"' "$R/elastic/events.jsonl" | sed 's/.*"pending_seconds":\([0-9.]*\).*/\1/')
+check "pending relaunch: step_created after about 3 s pending (${pending:-none})" \
+    "$PY" -c 'import sys; assert 2.5 <= float(sys.argv[1]) <= 20' "${pending:-0}"
+check "pending relaunch: nothing lost to detection, the wait lost to relaunch" "$PY" -c 'import json, sys
+s = [json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][-1]["lost_seconds"]
+assert s["detection"] == 0 and s["relaunch"] >= float(sys.argv[2]), s' "$R/elastic/events.jsonl" "${pending:-3}"
+# A step pending for good: waited --capacity-wait (2 s), then given up as
+# capacity that never came, the trainer never launched; not hangs at
+# --start-timeout, relaunched until called "never started, N times".
+R="$WORK/pendforever"
+expect_error "pending for good: given up after --capacity-wait" 1 \
+    "srun's job step stayed pending for the 2 s of --capacity-wait: Slurm had no free CPUs in the allocation for its 2 ranks \\(srun: Job 77 step creation temporarily disabled" \
+    env PATH="$WORK/pendsrun:$PATH" PEND_CALLS="$R.calls" PEND_LAUNCH=every PEND=forever "$ELASTIC" run --ckpt-dir "$R" \
+    --launcher srun --world 2 --backoff 0.1 --start-timeout 1 --capacity-wait 2 --grace 2 -- "$TRAIN" $TRAIN_ARGS
+check_all "pending for good: one launch, no hang, no failure" \
+    '[ "$(events "$R" launch)" -eq 1 ] && [ "$(events "$R" hang)" -eq 0 ] && [ "$(events "$R" failure)" -eq 0 ]'
+check "pending for good: nothing left running" nothing_left "$R"
 
 # What the planner and the report make of the run.
 expect_ok "plan --ckpt: the model and layout of a run" "$ELASTIC" plan --world 3 --ckpt "$WORK/kill" --global-batch 12

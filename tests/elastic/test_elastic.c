@@ -131,7 +131,8 @@ static int has_pair(char **argv, const char *a, const char *b)
 }
 
 /* fake_slurm: squeue, scontrol and sinfo as small scripts in DIR/bin, put
- * first on PATH: an allocation of n1 and n2 (n2 down), 4 CPUs each; squeue
+ * first on PATH: an allocation of n1 and n2 (n2 down), 4 CPUs each, or as
+ * DIR/nodes says (sinfo's lines "NAME STATE CPUS THREADS_PER_CORE"); squeue
  * fails as a controller that does not answer while DIR/down exists. */
 static void fake_slurm(char *old_path, size_t size)
 {
@@ -144,11 +145,14 @@ static void fake_slurm(char *old_path, size_t size)
                    "echo 'n[1-2]'\n"},
         /* the real one, given "", prints nothing and exits 0 */
         /* show job -d: DIR/job, when there is one (the job's CPUs per node) */
+        /* -o show step JOB: DIR/steps */
         {"scontrol", "#!/bin/sh\n[ \"$2\" = job ] && { cat \"$(dirname \"$0\")/../job\" 2>/dev/null; exit 0; }\n"
+                     "[ \"$3\" = step ] && { cat \"$(dirname \"$0\")/../steps\" 2>/dev/null; exit 0; }\n"
                      "case \"$3\" in 'n[1-2]') printf 'n1\\nn2\\n' ;; n*) echo \"$3\" ;; esac\nexit 0\n"},
         /* each call counted in DIR/sinfo.calls */
         {"sinfo", "#!/bin/sh\necho >>\"$(dirname \"$0\")/../sinfo.calls\"\n"
-                  "case \"$*\" in *%N*) printf 'n1 idle 4\\nn2 down* 4\\n' ;; *n2*) echo 'down* 4' ;; *) echo 'idle 4' ;; esac\n"},
+                  "case \"$*\" in *%N*) cat \"$(dirname \"$0\")/../nodes\" 2>/dev/null || printf 'n1 idle 4\\nn2 down* 4\\n' "
+                  ";; *n2*) echo 'down* 4' ;; *) echo 'idle 4' ;; esac\n"},
     };
     for (size_t i = 0; i < sizeof scripts / sizeof *scripts; i++) {
         snprintf(path, sizeof path, "%s/%s", bin, scripts[i][0]);
@@ -233,6 +237,86 @@ Test(elastic, slurm_capacity_is_the_jobs_cpus_not_the_nodes)
     setenv("PATH", old_path, 1);
     cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
     cr_assert_eq(c.world, 5, "--ranks-per-node decides where given");
+}
+
+/* On nodes of 2 hardware threads a core, Slurm's CPUs are threads: under
+ * select/cons_tres with CR_Core the job holds whole cores, and CPU_IDs,
+ * NumCPUs and SLURM_CPUS_ON_NODE count both threads of each. The trainer
+ * computes with --threads threads a rank (1), each wanting a core: a rank a
+ * core, not a rank a thread. Before, 8 ranks were planned on each node of 4
+ * cores. The thread counts come from the sinfo that says the nodes' states
+ * (%Z, threads a core); CPU_IDs number a node's CPUs core by core. */
+Test(elastic, slurm_capacity_is_the_jobs_cores_not_its_threads)
+{
+    char old_path[4096], job[600], nodes[600];
+    fake_slurm(old_path, sizeof old_path);
+    snprintf(nodes, sizeof nodes, "%s/nodes", dir);
+    write_text(nodes, "n1 idle 8 2\nn2 mixed 8 2\n");
+    snprintf(job, sizeof job, "%s/job", dir);
+    write_text(job, "JobId=77\n   NumNodes=2 NumCPUs=12 CPUs/Task=1\n     Nodes=n1 CPU_IDs=0-7 Mem=0\n"
+                    "     Nodes=n2 CPU_IDs=0-1,4-5 Mem=0\n");
+    elastic_capacity_source source = {.kind = ELASTIC_CAPACITY_SLURM, .job_id = "77"};
+    elastic_capacity c;
+    int status = elastic_capacity_read(&source, &c);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.nodes, 2);
+    cr_assert_eq(c.node_cpus[0], 8, "Slurm's CPUs stay threads (SLURM_JOB_CPUS_PER_NODE)");
+    cr_assert_eq(c.node_ranks[0], 4, "a rank a core of n1, not a thread: %d", c.node_ranks[0]);
+    cr_assert_eq(c.node_ranks[1], 2, "CPUs 0-1 and 4-5: cores 0 and 2, got %d", c.node_ranks[1]);
+    cr_assert_eq(c.world, 6, "%d", c.world);
+    cr_assert_eq(c.node_cores[0], 4);
+    cr_assert_eq(c.node_cores[1], 2);
+    /* A task of 2 CPUs is one core of 2 threads: still a rank a core. */
+    write_text(job, "JobId=77\n   CPUs/Task=2\n     Nodes=n[1-2] CPU_IDs=0-7 Mem=0\n");
+    cr_assert_eq(elastic_capacity_read(&source, &c), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.world, 8, "CPUs/Task=2 on 2 threads a core: %d", c.world);
+    /* tp-train --threads 2: two cores a rank. */
+    source.threads_per_rank = 2;
+    cr_assert_eq(elastic_capacity_read(&source, &c), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.world, 4, "2 compute threads a rank on 4 cores a node: %d", c.world);
+    /* Nodes of a core a CPU, as before: the CPUs over --threads. */
+    source.threads_per_rank = 0;
+    write_text(nodes, "n1 idle 8 1\nn2 idle 8 1\n");
+    cr_assert_eq(elastic_capacity_read(&source, &c), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.world, 8, "8 CPUs of one thread on 2 nodes, CPUs/Task=2: %d", c.world);
+    source.ranks_per_node = 3;
+    status = elastic_capacity_read(&source, &c);
+    setenv("PATH", old_path, 1);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.world, 6, "--ranks-per-node decides where given");
+}
+
+/* A step Slurm holds pending is known by srun's pid on this host in
+ * `scontrol -o show step JOB` (StepId=JOB.TDB State=PENDING): srun says so
+ * itself only after SlurmctldTimeout (120 s by default), and tp-elastic
+ * ended the step as hung at --start-timeout before. Another srun's pending
+ * step, of this host or another, is not this one's. */
+Test(elastic, slurm_step_pending_is_this_sruns)
+{
+    char old_path[4096], steps[600], host[256] = "", text[2048], line[512] = "";
+    fake_slurm(old_path, sizeof old_path);
+    cr_assert_eq(gethostname(host, sizeof host - 1), 0);
+    host[strcspn(host, ".")] = '\0';
+    snprintf(steps, sizeof steps, "%s/steps", dir);
+    snprintf(text, sizeof text,
+             "StepId=77.0 UserId=0 State=RUNNING NodeList=n[1-2] CPUs=8 Tasks=8 Name=sleep SrunHost:Pid=%s:4100\n"
+             "StepId=77.TDB UserId=0 State=PENDING NodeList=n[1-2] CPUs=4 Tasks=4 Dist=Unknown SrunHost:Pid=%s:4242\n"
+             "StepId=77.TDB UserId=0 State=PENDING NodeList=n[1-2] CPUs=4 Tasks=4 SrunHost:Pid=%s-b:4243\n",
+             host, host, host);
+    write_text(steps, text);
+    int pending = -1;
+    cr_assert_eq(elastic_slurm_step_pending("77", 4242, &pending, line, sizeof line), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(pending, 1);
+    cr_assert(strstr(line, "scontrol show step: StepId=77.TDB ") && strstr(line, "State=PENDING"), "%s", line);
+    cr_assert_eq(elastic_slurm_step_pending("77", 424, &pending, NULL, 0), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(pending, 0, "pid 424 is not 4242's");
+    cr_assert_eq(elastic_slurm_step_pending("77", 4243, &pending, NULL, 0), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(pending, 0, "another host's srun");
+    cr_assert_eq(elastic_slurm_step_pending("77", 4100, &pending, NULL, 0), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(pending, 0, "a running step");
+    int refused = elastic_slurm_step_pending("77; rm -rf x", 4242, &pending, NULL, 0);
+    setenv("PATH", old_path, 1);
+    cr_assert_eq(refused, TP_ERR_ARG, "a job id that is not a number goes into no command");
 }
 
 Test(elastic, mpirun_command_line)

@@ -7,7 +7,12 @@
 #   slurm_available                 0 when Slurm's programs are installed
 #   slurm_start DIR NODES CPUS      start n1..nNODES with CPUS each, wait until all
 #                                   are idle; exports SLURM_CONF (clients find the
-#                                   cluster) and SLURM_TEST_DIR (this library does)
+#                                   cluster) and SLURM_TEST_DIR (this library does).
+#                                   With SLURM_TEST_THREADS_PER_CORE=T, each node's
+#                                   CPUS are hardware threads, T a core (Sockets=1
+#                                   CoresPerSocket=CPUS/T ThreadsPerCore=T), and
+#                                   cores are what Slurm allocates (CR_Core), as on
+#                                   a hyperthreaded cluster
 #   slurm_stop                      cancel every job, stop every daemon, step and
 #                                   task of this cluster, check that none is left,
 #                                   remove DIR
@@ -114,6 +119,20 @@ slurm_start() {
     mkdir -p "$_d/state" "$_d/log" "$_d/run" "$_d/spool" || return 1
     _user=$(id -un)
     _port=$(free_port $(($2 + 1))) || { _slurm_err "no free ports"; return 1; }
+    # The nodes' processors: CPUS alone (each a core), or CPUS threads,
+    # SLURM_TEST_THREADS_PER_CORE a core (config_overrides: slurmd takes
+    # this shape, not the machine's).
+    _threads=${SLURM_TEST_THREADS_PER_CORE:-1}
+    _select=CR_CPU
+    _shape="CPUs=$3"
+    if [ "$_threads" -gt 1 ]; then
+        if [ $(($3 % _threads)) -ne 0 ]; then
+            _slurm_err "$3 CPUs a node is no whole number of cores of $_threads threads"
+            return 2
+        fi
+        _select=CR_Core
+        _shape="CPUs=$3 Sockets=1 CoresPerSocket=$(($3 / _threads)) ThreadsPerCore=$_threads"
+    fi
     # Job ids start at a random number, so that this cluster's slurmstepd
     # ("slurmstepd: [JOBID.STEP]") are told from another cluster's.
     _first=$(awk -v s="$$" 'BEGIN { srand(); srand(srand() + s); print 1000 + int(rand() * 9000) * 1000 }')
@@ -139,7 +158,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SwitchType=switch/none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=$_select
 SchedulerType=sched/builtin
 SchedulerParameters=permit_job_expansion
 MpiDefault=pmix
@@ -171,7 +190,7 @@ EOF
     _i=1
     _nodes=""
     while [ $_i -le "$2" ]; do
-        echo "NodeName=n$_i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((_port + _i)) CPUs=$3 State=UNKNOWN" >>"$_d/slurm.conf"
+        echo "NodeName=n$_i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((_port + _i)) $_shape State=UNKNOWN" >>"$_d/slurm.conf"
         _nodes="$_nodes${_nodes:+,}n$_i"
         _i=$((_i + 1))
     done
