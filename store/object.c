@@ -98,8 +98,13 @@ int object_answer_error(const char *method, const char *path, const http_respons
                        "AWS_DEFAULT_REGION to the bucket's), or a bucket name S3 does not accept", method, path,
                        !strcmp(method, "HEAD") ? " (the answer to a HEAD has no body)" : "", region);
     }
-    return tp_fail(TP_ERR_IO, "%s %s: HTTP %ld%s%s", method, path, r->code, detail,
-                   http_status_transient(r->code) ? " (after retries)" : "");
+    /* A transient answer is final only once the retries are spent: said
+     * with the attempts made (it said "after retries" with
+     * TP_REMOTE_RETRIES=0 too, one attempt). */
+    char attempts[48] = "";
+    if (http_status_transient(r->code))
+        snprintf(attempts, sizeof attempts, " (after %d attempt%s)", r->attempts, r->attempts == 1 ? "" : "s");
+    return tp_fail(TP_ERR_IO, "%s %s: HTTP %ld%s%s", method, path, r->code, detail, attempts);
 }
 
 /* ------------------------------------------------------------------ files */

@@ -219,8 +219,14 @@ for proto in s3 webdav; do
         TP_REMOTE_BACKOFF_MS=10 timeout 60 "$CK" info "$url"
     secs=$(($(date +%s) - start))
     check_all "$proto: an error answer whose body never ends: HTTP 500 said in $secs s (exit $RC)" \
-        '[ $RC -eq 1 ] && [ $secs -lt 20 ] && grep -q "HTTP 500 InternalError (after retries)" "$WORK/.err"'
+        '[ $RC -eq 1 ] && [ $secs -lt 20 ] && grep -q "HTTP 500 InternalError (after 2 attempts)" "$WORK/.err"'
 done
+# Said with the attempts made: "(after retries)" was said with
+# TP_REMOTE_RETRIES=0 too, where no retry was made.
+run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test TP_REMOTE_RETRIES=0 \
+    timeout 60 "$CK" info "$U/run"
+check_all "TP_REMOTE_RETRIES=0: the 500 said after 1 attempt, no retry claimed (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "HTTP 500 InternalError (after 1 attempt)" "$WORK/.err" && ! grep -q "retries)" "$WORK/.err"'
 serve huge-headers --s3
 start=$(date +%s)
 run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test TP_REMOTE_RETRIES=1 \

@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../../common/error.h"
 #include "../../store/http.h"
+#include "../../store/object.h"
 #include "../support/http_answer.h"
 
 
@@ -63,4 +65,25 @@ Test(http_status, an_error_inside_a_200_is_retried_when_transient)
     cr_assert_not(http_error_code_transient("<Error><Code>EntityTooSmall</Code></Error>"));
     cr_assert_not(http_error_code_transient("<Error><Code>AccessDenied</Code><Message>InternalError</Message></Error>"),
                   "the word in the message is not the code");
+}
+
+/* A 5xx that outlasted the retries is said with the attempts it took: it
+ * said "(after retries)" whatever their number, with TP_REMOTE_RETRIES=0
+ * (one attempt) too. */
+Test(http_status, a_5xx_given_up_says_its_real_attempts)
+{
+    http_response once = http_answer(500, "<Error><Code>InternalError</Code><Message>try again</Message></Error>");
+    once.attempts = 1;
+    object_answer_error("GET", "s3://bkt/k", &once);
+    cr_assert(strstr(tp_errmsg(), "GET s3://bkt/k: HTTP 500 InternalError: try again (after 1 attempt)"), "%s",
+              tp_errmsg());
+    cr_assert_not(strstr(tp_errmsg(), "retries"), "no retry was made: %s", tp_errmsg());
+    http_response seven = http_answer(503, "");
+    seven.attempts = 7;
+    object_answer_error("PUT", "http://host/k", &seven);
+    cr_assert(strstr(tp_errmsg(), "PUT http://host/k: HTTP 503 (after 7 attempts)"), "%s", tp_errmsg());
+    http_response refused = http_answer(403, "");
+    refused.attempts = 1;
+    object_answer_error("GET", "http://host/k", &refused);
+    cr_assert_not(strstr(tp_errmsg(), "attempt"), "a refusal is not retried, nor said to be: %s", tp_errmsg());
 }
