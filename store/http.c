@@ -332,6 +332,11 @@ static size_t on_header(char *data, size_t size, size_t count, void *ctx)
             t->response->range_total = total;
     }
     header_value(data, n, "ETag", t->response->etag, sizeof t->response->etag);
+    char date[64] = "";
+    struct tm tm = {0};
+    header_value(data, n, "Date", date, sizeof date); /* "Tue, 01 Dec 2026 04:43:25 GMT" (RFC 9110's IMF-fixdate) */
+    const char *parsed = date[0] ? strptime(date, "%a, %d %b %Y %H:%M:%S GMT", &tm) : NULL;
+    if (parsed && !*parsed) t->response->server_time = (int64_t)timegm(&tm);
     header_value(data, n, "x-amz-bucket-region", t->response->bucket_region, sizeof t->response->bucket_region);
     return n;
 }
@@ -347,6 +352,13 @@ int http_error_code_transient(const char *body)
 {
     return strstr(body, "<Code>InternalError</Code>") || strstr(body, "<Code>ServiceUnavailable</Code>") ||
            strstr(body, "<Code>SlowDown</Code>");
+}
+
+int http_answer_transient(const http_response *r)
+{
+    if (r->error_in_ok) return http_error_code_transient(r->error_body);
+    if (r->code == 400) return strstr(r->error_body, "<Code>BadDigest</Code>") != NULL;
+    return http_status_transient(r->code);
 }
 
 int http_status_throttled(const char *method, const http_response *r)
@@ -500,6 +512,7 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
     r->etag[0] = '\0';
     r->bucket_region[0] = '\0';
     r->error_in_ok = 0;
+    r->server_time = 0;
     r->range_first = r->range_last = r->range_total = -1;
     if (q->body_out) q->body_out->size = 0;
     /* The deadline of this attempt: its bytes at the minimum speed, and
@@ -548,6 +561,7 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
     curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(curl, CURLOPT_HEADERDATA, &t);
     curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, 512L * 1024);
+    if (q->fresh_connection) curl_easy_setopt(curl, CURLOPT_FRESH_CONNECT, 1L);
     if (q->range) curl_easy_setopt(curl, CURLOPT_RANGE, q->range);
     if (!strcmp(q->method, "HEAD"))
         curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
@@ -647,9 +661,7 @@ int http_perform(const http_request *q, http_response *r)
         why[0] = '\0';
         TP_TRY(attempt_once(curl, q, r, &code, why, sizeof why));
         r->attempts = attempt + 1;
-        int transient = code != CURLE_OK ? curl_transient(code)
-                        : r->error_in_ok     ? http_error_code_transient(r->error_body)
-                                             : http_status_transient(r->code);
+        int transient = code != CURLE_OK ? curl_transient(code) : http_answer_transient(r);
         if (code == CURLE_OK && !transient) {
             throttle_served();
             return TP_OK;

@@ -46,6 +46,12 @@ typedef struct {
      * work, and a failure then comes in the body. It is retried as a 5xx
      * where its code is transient (http_error_code_transient). */
     int ok_may_carry_error;
+    /* A request that makes something each time it is taken (S3's
+     * CreateMultipartUpload): sent on a fresh connection, so that libcurl
+     * never sends it again by itself (it does, without a word, when a
+     * reused connection closes before any answer) and every sending is
+     * an attempt counted in http_response.attempts. */
+    int fresh_connection;
 } http_request;
 
 typedef struct {
@@ -61,6 +67,7 @@ typedef struct {
     char bucket_region[64]; /* S3's x-amz-bucket-region header (the bucket's region); "" without one */
     int error_in_ok;        /* a 2xx carrying an <Error> (ok_may_carry_error), its start in error_body */
     int attempts;
+    int64_t server_time;    /* the answer's Date header, seconds since 1970 (the server's clock); 0 without one */
 } http_response;
 
 /* The transfer policy (environment, read once; docs/STORES.md):
@@ -111,6 +118,13 @@ int http_status_transient(long code);
  * retry: InternalError, ServiceUnavailable, SlowDown (what S3 sends as a
  * 5xx, and inside a 200 it answered before the failure). */
 int http_error_code_transient(const char *body);
+
+/* Whether an answer that came is worth a retry: its status
+ * (http_status_transient), the error a 2xx carries
+ * (http_error_code_transient), or S3's 400 BadDigest: a body that arrived
+ * other than its Content-MD5 says, damaged on the way, and sent whole
+ * again from its file. */
+int http_answer_transient(const http_response *r);
 
 /* Whether an answer to a request of `method` asks the client to slow
  * down: 429; a 503 whose S3 error code is SlowDown; or a 503 to a HEAD,

@@ -59,8 +59,10 @@ int object_answer_error(const char *method, const char *path, const http_respons
 {
     char code[128] = "", message[256] = "";
     const char *body = r->error_body, *end = body + strlen(body), *text, *text_end;
-    if (xml_element(body, end, "Code", &text, &text_end)) xml_text(text, text_end, code, sizeof code);
-    if (xml_element(body, end, "Message", &text, &text_end)) xml_text(text, text_end, message, sizeof message);
+    /* A Code or Message that cannot be read is left out of the message: the status says the failure. */
+    if (xml_element(body, end, "Code", &text, &text_end) && xml_text(text, text_end, code, sizeof code)) code[0] = '\0';
+    if (xml_element(body, end, "Message", &text, &text_end) && xml_text(text, text_end, message, sizeof message))
+        message[0] = '\0';
     char detail[420] = "";
     if (code[0]) snprintf(detail, sizeof detail, " %s%s%s", code, message[0] ? ": " : "", message);
     if (r->error_in_ok) /* S3's status goes before the work it answers: the failure came in the body */

@@ -17,12 +17,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "../common/buffer.h"
+#include "../common/clock.h"
 #include "../common/error.h"
 #include "../common/parallel.h"
 #include "../common/path.h"
+#include "md5.h"
 #include "object.h"
 #include "sigv4.h"
 #include "xml.h"
@@ -216,6 +219,7 @@ typedef struct {
     const sigv4_pair *query;
     int num_query;
     const char *payload_hash;
+    const char *content_md5; /* the Content-MD5 header's value (a part's), signed too; NULL without one */
     char date_line[64], hash_line[96], *token_line, *auth_line;
     const char *lines[5];
 } s3_signature;
@@ -228,10 +232,12 @@ static int sign_s3(void *ctx, const char *const **headers_out)
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(amz_date, sizeof amz_date, "%Y%m%dT%H%M%SZ", &tm);
-    sigv4_pair headers[4] = {{"host", g->t->host}, {"x-amz-content-sha256", g->payload_hash}, {"x-amz-date", amz_date},
-                             {"x-amz-security-token", s3.session_token}};
+    sigv4_pair headers[5] = {{"host", g->t->host}, {"x-amz-content-sha256", g->payload_hash}, {"x-amz-date", amz_date}};
+    int num_headers = 3;
+    if (s3.session_token) headers[num_headers++] = (sigv4_pair){"x-amz-security-token", s3.session_token};
+    if (g->content_md5) headers[num_headers++] = (sigv4_pair){"content-md5", g->content_md5};
     sigv4_key key = {s3.access_key, s3.secret_key, s3.session_token, s3.region, "s3"};
-    sigv4_request request = {g->method, g->t->path, g->query, g->num_query, headers, s3.session_token ? 4 : 3,
+    sigv4_request request = {g->method, g->t->path, g->query, g->num_query, headers, num_headers,
                              g->payload_hash, amz_date};
     char *authorization = NULL;
     TP_TRY(sigv4_authorization(&key, &request, &authorization));
@@ -269,6 +275,8 @@ static int s3_send(const object_call *c, http_response *r)
     signature.method = q.method;
     signature.query = c->query;
     signature.num_query = c->num_query;
+    for (const char *const *h = q.headers; h && *h; h++)
+        if (!strncasecmp(*h, "Content-MD5: ", 13)) signature.content_md5 = *h + 13;
     if (q.body_file) signature.payload_hash = "UNSIGNED-PAYLOAD";
     else if (q.body) {
         sigv4_sha256_hex(q.body, q.body_size, hash);
@@ -296,6 +304,22 @@ typedef struct {
     int found;
 } list_visit;
 
+/* The text of an element of a listing of dir_url, decoded; a key or a
+ * prefix (url_encoded) then URL-decoded where the listing says
+ * EncodingType url: S3 writes a space '+' there (a '+' is "%2B"), as the
+ * AWS SDKs read it (botocore: unquote_plus). */
+static int listing_text(const char *text, const char *text_end, int url_encoded, const char *dir_url, char *out,
+                        size_t size)
+{
+    int status = xml_text(text, text_end, out, size);
+    if (status) return tp_fail_context(status, "%s: the server's listing", dir_url);
+    if (!url_encoded) return TP_OK;
+    for (char *c = out; *c; c++)
+        if (*c == '+') *c = ' ';
+    http_decode(out);
+    return TP_OK;
+}
+
 /* Lists keys below an S3 prefix ("key/"), page by page. */
 static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit *v)
 {
@@ -320,8 +344,12 @@ static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit 
         if (page >= LIST_PAGES_MAX)
             return tp_fail(TP_ERR_FORMAT, "%s: the listing did not end after %d pages of %d keys", dir_url,
                            LIST_PAGES_MAX, max_keys > 0 ? max_keys : 1000);
-        sigv4_pair query[5] = {{"list-type", "2"}, {"prefix", prefix}};
-        int nq = 2;
+        /* encoding-type=url: keys come percent-encoded, so that a key's
+         * control characters (which XML 1.0 cannot hold; S3 writes them as
+         * "&#13;" otherwise) come back whole; a store that ignores it (no
+         * EncodingType in its answer: s3rver) sends them as text. */
+        sigv4_pair query[6] = {{"list-type", "2"}, {"prefix", prefix}, {"encoding-type", "url"}};
+        int nq = 3;
         if (delimited) query[nq++] = (sigv4_pair){"delimiter", "/"};
         if (max_keys > 0) query[nq++] = (sigv4_pair){"max-keys", max};
         if (token[0]) query[nq++] = (sigv4_pair){"continuation-token", token};
@@ -332,19 +360,22 @@ static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit 
         status = object_call_ok(store_s3(), &c, &r);
         if (!status) status = xml_check_listing(body.data ? body.data : "", body.size, "ListBucketResult", dir_url);
         const char *p = body.data ? body.data : "", *end = p + body.size, *text, *text_end, *next;
-        char name[TP_PATH_MAX];
+        char name[TP_PATH_MAX], encoding[16] = "";
+        if (!status && xml_element(p, end, "EncodingType", &text, &text_end))
+            status = listing_text(text, text_end, 0, dir_url, encoding, sizeof encoding);
+        int url_encoded = !strcmp(encoding, "url");
         /* Keys of objects, then prefixes one level down ("step_1/"). */
         for (const char *q = p; !status && (next = xml_element(q, end, "Contents", &text, &text_end)); q = next) {
             const char *key, *key_end;
             if (!xml_element(text, text_end, "Key", &key, &key_end)) continue;
-            xml_text(key, key_end, name, sizeof name);
+            if ((status = listing_text(key, key_end, url_encoded, dir_url, name, sizeof name))) break;
             v->found = 1;
             if (v->visit && strlen(name) > v->prefix_len) status = v->visit(v->ctx, name + v->prefix_len);
         }
         for (const char *q = p; !status && (next = xml_element(q, end, "CommonPrefixes", &text, &text_end)); q = next) {
             const char *key, *key_end;
             if (!xml_element(text, text_end, "Prefix", &key, &key_end)) continue;
-            xml_text(key, key_end, name, sizeof name);
+            if ((status = listing_text(key, key_end, url_encoded, dir_url, name, sizeof name))) break;
             size_t len = strlen(name);
             if (len && name[len - 1] == '/') name[--len] = '\0';
             v->found = 1;
@@ -352,10 +383,10 @@ static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit 
         }
         char truncated[16] = "";
         if (!status && xml_element(p, end, "IsTruncated", &text, &text_end))
-            xml_text(text, text_end, truncated, sizeof truncated);
+            status = listing_text(text, text_end, 0, dir_url, truncated, sizeof truncated);
         token[0] = '\0';
         if (!status && !strcmp(truncated, "true") && xml_element(p, end, "NextContinuationToken", &text, &text_end))
-            xml_text(text, text_end, token, sizeof token);
+            status = listing_text(text, text_end, 0, dir_url, token, sizeof token);
         /* Truncated without a way on: what was listed is not all there is. */
         if (!status && !strcmp(truncated, "true") && !token[0] && !(max_keys > 0 && v->found))
             status = tp_fail(TP_ERR_FORMAT, "%s: the server's listing is truncated (page %lld) without a "
@@ -436,6 +467,7 @@ typedef struct {
     int64_t offset, length, part;
     const char *upload_id;
     char (*etags)[128];
+    unsigned char (*md5s)[MD5_BYTES]; /* (parts) of each part's bytes, read before it is sent */
 } multipart;
 
 static int put_part(void *ctx, int64_t k, int thread)
@@ -446,12 +478,172 @@ static int put_part(void *ctx, int64_t k, int thread)
     snprintf(number, sizeof number, "%lld", (long long)k + 1);
     sigv4_pair query[2] = {{"partNumber", number}, {"uploadId", m->upload_id}};
     int64_t begin = k * m->part, length = begin + m->part < m->length ? m->part : m->length - begin;
+    /* The part's MD5, from its bytes read before they are sent: S3 refuses
+     * a part that does not match it (Content-MD5: damaged on the way), and
+     * the upload's ETag is made of these (completion_lost). */
+    TP_TRY(md5_file_range(m->local, m->offset + begin, length, m->md5s[k]));
+    char content_md5[40] = "Content-MD5: ";
+    md5_base64(m->md5s[k], content_md5 + strlen(content_md5));
+    const char *headers[] = {content_md5, NULL};
     object_call c = {.path = m->url, .query = query, .num_query = 2,
-        .http = {.method = "PUT", .body_file = m->local, .body_offset = m->offset + begin, .body_length = length}};
+        .http = {.method = "PUT", .headers = headers, .body_file = m->local, .body_offset = m->offset + begin,
+                 .body_length = length}};
     http_response r;
     TP_TRY(object_call_ok(store_s3(), &c, &r));
     if (!r.etag[0]) return tp_fail(TP_ERR_IO, "%s: part %lld uploaded without an ETag", m->url, (long long)k + 1);
     memcpy(m->etags[k], r.etag, sizeof r.etag);
+    return TP_OK;
+}
+
+/* A completion answered 404 NoSuchUpload: S3 knows the upload no more. An
+ * earlier attempt whose answer was lost (a connection closed after S3
+ * did the work) leaves exactly that, and the object made: it is this
+ * upload's when its ETag is the one the parts' MD5s make (md5.h) and its
+ * size the upload's. Anything else is refused, saying what is there: S3
+ * tells which upload made an object by nothing but its ETag. (It was
+ * said as "no such object (HTTP 404 NoSuchUpload)" though the object was
+ * made.) */
+static int completion_lost(const multipart *m, int64_t parts, int attempts)
+{
+    char expected[64], tried[48];
+    md5_multipart_etag((const unsigned char (*)[MD5_BYTES])m->md5s, parts, expected, sizeof expected);
+    snprintf(tried, sizeof tried, "after %d completion attempt%s", attempts, attempts == 1 ? "" : "s");
+    object_call head = {.path = m->url, .http = {.method = "HEAD"}};
+    http_response r;
+    TP_TRY(s3_send(&head, &r));
+    int made = r.code >= 200 && r.code < 300;
+    if (made && !strcasecmp(r.etag, expected) && r.content_length == m->length) {
+        char text[1024];
+        snprintf(text, sizeof text, "POST %s: its multipart upload is no longer known to the store (NoSuchUpload, "
+                 "%s): an earlier completion was done, its answer lost; the object there is this upload's "
+                 "(ETag %s, %lld bytes)", m->url, tried, expected, (long long)m->length);
+        store_notify(text);
+        return TP_OK;
+    }
+    if (r.code == 404)
+        return tp_fail(TP_ERR_IO, "POST %s: its multipart upload (uploadId %s) is gone (NoSuchUpload, %s) and no "
+                       "object is there: aborted by another process, or by a lifecycle rule "
+                       "(AbortIncompleteMultipartUpload)? The file is not uploaded", m->url, m->upload_id, tried);
+    if (!made)
+        return tp_fail_context(object_answer_error("HEAD", m->url, &r), "POST %s: its multipart upload is gone "
+                               "(NoSuchUpload, %s), and whether its object was made cannot be told", m->url, tried);
+    return tp_fail(TP_ERR_IO, "POST %s: its multipart upload (uploadId %s) is gone (NoSuchUpload, %s) and the "
+                   "object there is not this upload's: ETag %s, %lld bytes, where this upload's would be ETag %s, "
+                   "%lld bytes (replaced by another writer since? An object encrypted with SSE-KMS or SSE-C has an "
+                   "ETag that is no MD5, and cannot be told so)", m->url, m->upload_id, tried,
+                   r.etag[0] ? r.etag : "(none)", (long long)r.content_length, expected, (long long)m->length);
+}
+
+/* The seconds since 1970 of an S3 time, "2026-12-01T04:43:25.000Z"; -1
+ * when it is not one. */
+static double s3_time(const char *text)
+{
+    struct tm tm = {0};
+    const char *rest = strptime(text, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (!rest) return -1;
+    double fraction = 0;
+    if (*rest == '.') fraction = strtod(rest, (char **)&rest);
+    return *rest == 'Z' && !rest[1] ? (double)timegm(&tm) + fraction : -1;
+}
+
+/* The uploads that this process's creates of one multipart upload left
+ * when an answer to one was lost: S3 made an upload of each create it
+ * took, and the process knows the last answered one's alone (upload_id;
+ * "" when none was answered). They are found by listing the key's uploads
+ * under way (ListMultipartUploads), and aborted when S3 initiated them
+ * between the first create sent (began) and the end of the last (ended),
+ * and are no more than the creates whose answer was lost. The two clocks
+ * are set side by side by the listing's answer: its Date (S3's clock, to
+ * the second) was written between the listing's request and its answer.
+ * More uploads in that window than the lost answers means another writer
+ * began one meanwhile: none is aborted (which is whose cannot be told),
+ * they are named. S3 initiates an upload between a create's sending and
+ * its answer, so none begun before or after this process's creates is
+ * ever aborted. A server without ListMultipartUploads (s3rver) is said to
+ * be. What is done is said (store_notify): the upload itself is made or
+ * not whatever this finds. */
+static int abort_orphaned_uploads(const char *url, const char *upload_id, int creates, double began, double ended)
+{
+    char canonical[TP_PATH_MAX], bucket_url[512];
+    if (tp_path_canonical(url, canonical, sizeof canonical)) return tp_fail(TP_ERR_ARG, "%s: URL too long", url);
+    const char *bucket = canonical + 5, *key = strchr(bucket, '/');
+    if (!key) return tp_fail(TP_ERR_ARG, "%s: no key in this URL", url);
+    snprintf(bucket_url, sizeof bucket_url, "s3://%.*s", (int)(key - bucket), bucket);
+    key++;
+    sigv4_pair query[3] = {{"uploads", ""}, {"prefix", key}, {"encoding-type", "url"}};
+    byte_buffer body = {0};
+    object_call c = {.path = bucket_url, .query = query, .num_query = 3,
+        .http = {.method = "GET", .body_out = &body, .body_max = OBJECT_LIST_MAX}};
+    http_response r;
+    double asked = now_seconds();
+    int status = object_call_ok(store_s3(), &c, &r);
+    double answered = now_seconds();
+    const char *p = body.data ? body.data : "", *end = p + body.size, *text, *text_end, *next;
+    if (!status) status = xml_check_listing(p, body.size, "ListMultipartUploadsResult", bucket_url);
+    char encoding[16] = "", truncated[16] = "";
+    if (!status && xml_element(p, end, "EncodingType", &text, &text_end))
+        status = listing_text(text, text_end, 0, bucket_url, encoding, sizeof encoding);
+    if (!status && xml_element(p, end, "IsTruncated", &text, &text_end))
+        status = listing_text(text, text_end, 0, bucket_url, truncated, sizeof truncated);
+    if (!status && !r.server_time)
+        status = tp_fail(TP_ERR_FORMAT, "%s: the store's answer has no Date to set its clock by", bucket_url);
+    /* The window, in S3's clock: the offset of the two clocks lies in
+     * [Date - answered, Date + 1 - asked]; a second more either way. */
+    double from = began + (double)r.server_time - answered - 1, to = ended + (double)r.server_time + 1 - asked + 1;
+    enum { LISTED_MAX = 64 };
+    char ids[LISTED_MAX][1024], listed_key[TP_PATH_MAX];
+    int found = 0, lost = creates - (upload_id[0] ? 1 : 0);
+    for (const char *q = p; !status && (next = xml_element(q, end, "Upload", &text, &text_end)); q = next) {
+        const char *x, *x_end;
+        char initiated[64] = "", id[1024] = "";
+        if (!xml_element(text, text_end, "Key", &x, &x_end)) continue;
+        if ((status = listing_text(x, x_end, !strcmp(encoding, "url"), bucket_url, listed_key, sizeof listed_key)))
+            break;
+        if (xml_element(text, text_end, "UploadId", &x, &x_end))
+            status = listing_text(x, x_end, 0, bucket_url, id, sizeof id);
+        if (!status && xml_element(text, text_end, "Initiated", &x, &x_end))
+            status = listing_text(x, x_end, 0, bucket_url, initiated, sizeof initiated);
+        double when = s3_time(initiated);
+        if (status || strcmp(listed_key, key) || !id[0] || !strcmp(id, upload_id) || when < from || when > to)
+            continue;
+        if (found < LISTED_MAX) snprintf(ids[found], sizeof ids[found], "%s", id);
+        found++;
+    }
+    free(body.data);
+    char text_out[2048];
+    if (status) {
+        snprintf(text_out, sizeof text_out, "%s: its multipart upload was created in %d requests, an answer lost: "
+                 "the uploads S3 made for the lost answers could not be looked for (%s); a lifecycle rule "
+                 "(AbortIncompleteMultipartUpload) removes them", url, creates, tp_errmsg());
+        store_notify(text_out);
+        return status;
+    }
+    if (found == 0) return TP_OK; /* the lost answers made none (a 5xx is refused work) */
+    char named[1024] = ""; /* the uploads' ids, as many as fit */
+    for (int i = 0, n = 0; i < found && i < LISTED_MAX && n < (int)sizeof named; i++)
+        n += snprintf(named + n, sizeof named - (size_t)n, "%s%s", i ? ", " : "", ids[i]);
+    if (found > lost || !strcmp(truncated, "true")) {
+        snprintf(text_out, sizeof text_out, "%s: its multipart upload was created in %d requests, an answer lost, "
+                 "and %d other uploads of this key were initiated meanwhile%s, more than these requests made: none "
+                 "aborted, as one may be another writer's (uploadId %s); abort those that are not (aws s3api "
+                 "abort-multipart-upload), or let a lifecycle rule (AbortIncompleteMultipartUpload)", url, creates,
+                 found, !strcmp(truncated, "true") ? " (the listing was truncated)" : "", named);
+        store_notify(text_out);
+        return TP_OK;
+    }
+    int aborted = 0;
+    for (int i = 0; i < found; i++) {
+        sigv4_pair id_query[1] = {{"uploadId", ids[i]}};
+        object_call abort_upload = {.path = url, .query = id_query, .num_query = 1, .http = {.method = "DELETE"}};
+        http_response answer;
+        if (!s3_send(&abort_upload, &answer) && ((answer.code >= 200 && answer.code < 300) || answer.code == 404))
+            aborted++;
+    }
+    snprintf(text_out, sizeof text_out, "%s: its multipart upload was created in %d requests, an answer lost: "
+             "%d of the %d uploads S3 made for the lost answers aborted (uploadId %s)%s", url, creates, aborted,
+             found, named, aborted < found ? "; the rest are left to a lifecycle rule (AbortIncompleteMultipartUpload)"
+                                           : "");
+    store_notify(text_out);
     return TP_OK;
 }
 
@@ -461,21 +653,35 @@ static int put_multipart(const char *url, const char *local, int64_t offset, int
 {
     sigv4_pair create_query[1] = {{"uploads", ""}};
     byte_buffer answer = {0};
+    /* A create is not idempotent: a retry after a lost answer makes
+     * another upload (abort_orphaned_uploads); on a fresh connection, so
+     * that every sending is counted. */
     object_call create = {.path = url, .query = create_query, .num_query = 1,
-        .http = {.method = "POST", .body_out = &answer, .body_max = 1 << 20}};
+        .http = {.method = "POST", .body_out = &answer, .body_max = 1 << 20, .fresh_connection = 1}};
     http_response r;
+    memset(&r, 0, sizeof r);
+    double create_began = now_seconds();
     int status = object_call_ok(store_s3(), &create, &r);
+    double create_ended = now_seconds();
+    /* Creates whose answer may have been lost after S3 took them: a retry
+     * was made, or none was answered. */
+    int creates = r.attempts,
+        orphans_possible = creates > 1 || (status && creates >= 1 && (r.code == 0 || http_status_transient(r.code)));
     char upload_id[1024] = "";
     const char *text, *text_end;
-    if (!status && answer.data && xml_element(answer.data, answer.data + answer.size, "UploadId", &text, &text_end))
-        xml_text(text, text_end, upload_id, sizeof upload_id);
+    if (!status && answer.data && xml_element(answer.data, answer.data + answer.size, "UploadId", &text, &text_end) &&
+        (status = xml_text(text, text_end, upload_id, sizeof upload_id)))
+        status = tp_fail_context(status, "POST %s: the answer to its multipart upload's creation", url);
     free(answer.data);
     answer = (byte_buffer){0};
     if (!status && !upload_id[0]) status = tp_fail(TP_ERR_IO, "%s: the store started no multipart upload", url);
-    if (status) return status;
     int64_t parts = (length + part - 1) / part;
-    multipart m = {url, local, offset, length, part, upload_id, calloc((size_t)parts, sizeof *m.etags)};
-    if (!m.etags) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    multipart m = {url, local, offset, length, part, upload_id, NULL, NULL};
+    if (!status) {
+        m.etags = calloc((size_t)parts, sizeof *m.etags);
+        m.md5s = calloc((size_t)parts, sizeof *m.md5s);
+        if (!m.etags || !m.md5s) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    }
     if (!status) status = parallel_for(parts, threads < parts ? threads : (int)parts, put_part, &m);
     byte_buffer xml = {0};
     buffer_put_text(&xml, "<CompleteMultipartUpload>");
@@ -494,38 +700,46 @@ static int put_multipart(const char *url, const char *local, int64_t offset, int
          * as the AWS SDKs do); it was said as "HTTP 500 (after retries)"
          * and never retried. Only a CompleteMultipartUploadResult says the
          * object is made: any other 200 (a proxy's page) was taken for it,
-         * the upload left unaborted, and the object found missing later. */
+         * the upload left unaborted, and the object found missing later.
+         * NoSuchUpload: completion_lost (a fresh connection: each
+         * attempt counted, none sent again by libcurl unsaid). */
         object_call complete = {.path = url, .query = id_query, .num_query = 1,
             .http = {.method = "POST", .body = xml.data, .body_size = xml.size, .body_out = &answer,
-                     .body_max = 1 << 20, .ok_may_carry_error = 1}};
-        status = object_call_ok(store_s3(), &complete, &r);
+                     .body_max = 1 << 20, .ok_may_carry_error = 1, .fresh_connection = 1}};
+        status = s3_send(&complete, &r);
         const char *end = answer.data ? answer.data + answer.size : NULL;
-        if (!status && !xml_element(answer.data, end, "CompleteMultipartUploadResult", &text, &text_end))
+        if (!status && r.code == 404 && strstr(r.error_body, "<Code>NoSuchUpload</Code>"))
+            status = completion_lost(&m, parts, r.attempts);
+        else if (!status && (r.code < 200 || r.code >= 300 || r.error_in_ok))
+            status = object_answer_error("POST", url, &r);
+        else if (!status && !xml_element(answer.data, end, "CompleteMultipartUploadResult", &text, &text_end))
             status = tp_fail(TP_ERR_IO, "POST %s: the completion of its multipart upload was answered HTTP %ld without "
                              "a CompleteMultipartUploadResult (%zu bytes: not S3's answer; a proxy's?): the object "
                              "is not known to be made", url, r.code, answer.size);
         free(answer.data);
     }
-    if (status) { /* nothing half-done stays billed in the bucket */
-        char message[2048];
-        snprintf(message, sizeof message, "%s", tp_errmsg());
+    char message[2048], why[1024] = "";
+    snprintf(message, sizeof message, "%s", status ? tp_errmsg() : "");
+    if (status && upload_id[0]) { /* nothing half-done stays billed in the bucket */
         object_call abort_upload = {.path = url, .query = id_query, .num_query = 1, .http = {.method = "DELETE"}};
         http_response answer_to_abort;
         int aborted = s3_send(&abort_upload, &answer_to_abort);
         long code = answer_to_abort.code;
         if (!aborted && code != 404 && (code < 200 || code >= 300))
             aborted = object_answer_error("DELETE", url, &answer_to_abort);
-        /* Said, not dropped: its parts stay in the bucket, billed and unlisted. */
-        char why[1024] = "";
         if (aborted) snprintf(why, sizeof why, "%s", tp_errmsg());
-        if (aborted)
-            tp_fail(status, "%s (and its multipart upload could not be aborted, its parts staying billed in the "
-                    "bucket until it is: uploadId %s: %s)", message, upload_id, why);
-        else
-            tp_fail(status, "%s", message);
     }
+    /* Said by a notice, whatever it finds: the upload's status stays its own. */
+    if (orphans_possible) (void)abort_orphaned_uploads(url, upload_id, creates, create_began, create_ended);
+    /* An abort that failed is said, not dropped: its parts stay in the bucket, billed and unlisted. */
+    if (status && why[0])
+        tp_fail(status, "%s (and its multipart upload could not be aborted, its parts staying billed in the bucket "
+                "until it is: uploadId %s: %s)", message, upload_id, why);
+    else if (status)
+        tp_fail(status, "%s", message);
     free(xml.data);
     free(m.etags);
+    free(m.md5s);
     return status;
 }
 

@@ -86,7 +86,11 @@ static int dav_propfind(const char *path, int depth, dav_entry *self, int (*visi
         const char *h, *h_end, *x, *x_end;
         if (!xml_element(text, text_end, "href", &h, &h_end)) continue;
         char href[TP_PATH_MAX];
-        xml_text(h, h_end, href, sizeof href);
+        status = xml_text(h, h_end, href, sizeof href);
+        if (status) {
+            status = tp_fail_context(status, "%s: a name in the server's listing", path);
+            break;
+        }
         char *href_path = href;
         if (strstr(href, "://")) { /* an absolute URL: its path */
             char *s = strstr(href, "://") + 3;
@@ -100,7 +104,7 @@ static int dav_propfind(const char *path, int depth, dav_entry *self, int (*visi
         int64_t size = 0;
         if (xml_element(text, text_end, "getcontentlength", &x, &x_end)) {
             char number[32];
-            xml_text(x, x_end, number, sizeof number);
+            if (xml_text(x, x_end, number, sizeof number)) number[0] = '\0'; /* no size said */
             size = strtoll(number, NULL, 10);
         }
         if (!strcmp(href_path, own)) {

@@ -46,27 +46,81 @@ const char *xml_element(const char *p, const char *end, const char *tag, const c
     return NULL;
 }
 
-/* The text of an element, entities decoded, into out (truncated to fit). */
-void xml_text(const char *text, const char *text_end, char *out, size_t out_size)
+/* The code point of the numeric character reference at c ("&#13;",
+ * "&#x1F600;", ending before end): its length in *length, or -1 when it
+ * names no character (no digits, no ';', 0, a surrogate, past U+10FFFF). */
+static long character_reference(const char *c, const char *end, size_t *length)
+{
+    const char *p = c + 2;
+    int base = 10;
+    if (p < end && (*p == 'x' || *p == 'X')) base = 16, p++;
+    long value = 0;
+    const char *digits = p;
+    for (; p < end && *p != ';'; p++) {
+        int d = *p >= '0' && *p <= '9' ? *p - '0'
+                : base == 16 && *p >= 'a' && *p <= 'f' ? *p - 'a' + 10
+                : base == 16 && *p >= 'A' && *p <= 'F' ? *p - 'A' + 10
+                                                        : -1;
+        if (d < 0) return -1;
+        value = value * base + d;
+        if (value > 0x10FFFF) return -1;
+    }
+    if (p == end || p == digits || value == 0 || (value >= 0xD800 && value <= 0xDFFF)) return -1;
+    *length = (size_t)(p + 1 - c);
+    return value;
+}
+
+/* The UTF-8 bytes of a code point (at most 4) into out; their number. */
+static size_t utf8_encode(long code, char out[4])
+{
+    if (code < 0x80) return out[0] = (char)code, 1;
+    if (code < 0x800) return out[0] = (char)(0xC0 | code >> 6), out[1] = (char)(0x80 | (code & 0x3F)), 2;
+    if (code < 0x10000)
+        return out[0] = (char)(0xE0 | code >> 12), out[1] = (char)(0x80 | (code >> 6 & 0x3F)),
+               out[2] = (char)(0x80 | (code & 0x3F)), 3;
+    return out[0] = (char)(0xF0 | code >> 18), out[1] = (char)(0x80 | (code >> 12 & 0x3F)),
+           out[2] = (char)(0x80 | (code >> 6 & 0x3F)), out[3] = (char)(0x80 | (code & 0x3F)), 4;
+}
+
+int xml_text(const char *text, const char *text_end, char *out, size_t out_size)
 {
     static const struct {
         const char *entity;
         char c;
     } entities[] = {{"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
     size_t n = 0;
-    for (const char *c = text; c < text_end && n + 1 < out_size; c++) {
-        char v = *c;
-        for (size_t e = 0; v == '&' && e < sizeof entities / sizeof *entities; e++) {
+    for (const char *c = text; c < text_end; c++) {
+        char bytes[4] = {*c};
+        size_t count = 1;
+        if (*c == '&' && text_end - c >= 2 && c[1] == '#') {
+            size_t length = 0;
+            long code = character_reference(c, text_end, &length);
+            if (code < 0) {
+                size_t shown = 0; /* the reference as written, up to its ';' (at most 24 bytes) */
+                while (c + shown < text_end && shown < 24 && c[shown] != '<' && (shown == 0 || c[shown - 1] != ';'))
+                    shown++;
+                if (out_size) out[n] = '\0';
+                return tp_fail(TP_ERR_FORMAT, "the character reference %.*s names no character (a code point "
+                               "of 1 to 0x10FFFF, not a surrogate, written in decimal or after x in hex, ending "
+                               "with ';')", (int)shown, c);
+            }
+            count = utf8_encode(code, bytes);
+            c += length - 1;
+        }
+        for (size_t e = 0; *c == '&' && count == 1 && e < sizeof entities / sizeof *entities; e++) {
             size_t len = strlen(entities[e].entity);
             if ((size_t)(text_end - c) >= len && !memcmp(c, entities[e].entity, len)) {
-                v = entities[e].c;
+                bytes[0] = entities[e].c;
                 c += len - 1;
                 break;
             }
         }
-        out[n++] = v;
+        if (n + count >= out_size) break; /* truncated to fit, never inside a character */
+        memcpy(out + n, bytes, count);
+        n += count;
     }
-    out[n] = '\0';
+    if (out_size) out[n] = '\0';
+    return TP_OK;
 }
 
 /* A listing answer is read with the small scanner above, which knows no

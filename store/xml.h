@@ -9,8 +9,13 @@
  * between *text and *text_end; returns where the element ends, or NULL. */
 const char *xml_element(const char *p, const char *end, const char *tag, const char **text, const char **text_end);
 
-/* The text of an element, entities decoded, into out (truncated to fit). */
-void xml_text(const char *text, const char *text_end, char *out, size_t out_size);
+/* The text of an element into out (truncated to fit, never inside a
+ * character): the five named entities decoded, and numeric character
+ * references ("&#13;", "&#x1F600;": S3 escapes a key's control characters
+ * so) written as UTF-8; an ampersand of neither is kept as it is. A
+ * numeric reference naming no character (no digits or ';', 0, a
+ * surrogate, past U+10FFFF) fails with TP_ERR_FORMAT naming it. */
+int xml_text(const char *text, const char *text_end, char *out, size_t out_size);
 
 /* A listing answer (root element `root`) the scanner can read: TP_OK, or
  * TP_ERR_FORMAT naming url for one holding a declaration (<!DOCTYPE,

@@ -87,3 +87,21 @@ Test(http_status, a_5xx_given_up_says_its_real_attempts)
     object_answer_error("GET", "http://host/k", &refused);
     cr_assert_not(strstr(tp_errmsg(), "attempt"), "a refusal is not retried, nor said to be: %s", tp_errmsg());
 }
+
+/* S3 refuses a body that arrived other than its Content-MD5 says (400
+ * BadDigest): damaged on the way, sent again from its file; other 400s
+ * are final. */
+Test(http_status, a_body_damaged_on_the_way_is_sent_again)
+{
+    http_response damaged = http_answer(400, "<Error><Code>BadDigest</Code><Message>The Content-MD5 you specified "
+                                             "did not match what we received.</Message></Error>");
+    http_response bad = http_answer(400, "<Error><Code>InvalidArgument</Code><Message>BadDigest</Message></Error>");
+    http_response internal = http_answer(500, ""), denied = http_answer(403, "<Error><Code>BadDigest</Code></Error>");
+    cr_assert(http_answer_transient(&damaged));
+    cr_assert_not(http_answer_transient(&bad), "the word in the message is not the code");
+    cr_assert_not(http_answer_transient(&denied), "only with 400");
+    cr_assert(http_answer_transient(&internal));
+    http_response in_ok = http_answer(200, "<Error><Code>InternalError</Code></Error>");
+    in_ok.error_in_ok = 1;
+    cr_assert(http_answer_transient(&in_ok), "a 200 carrying a transient error");
+}

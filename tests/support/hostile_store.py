@@ -63,11 +63,37 @@ way listed by GET /BUCKET?uploads (ListMultipartUploads). Write modes:
   complete-error-always  every completion is answered so
   complete-garbage       every completion is answered 200 with an HTML page
                 (a proxy's), not done
+  complete-lost the first completion of every upload is done, and its
+                connection closed without an answer; the next gets 404
+                NoSuchUpload, as from S3
+  complete-lost-replaced  as complete-lost, and the object is then
+                replaced by another writer's (other bytes, a plain ETag)
+  upload-vanished        the first completion of every upload finds it gone
+                (aborted by another process, a lifecycle rule): 404
+                NoSuchUpload, nothing made
+  part-damaged  the first attempt of every upload's part 2 arrives with a
+                byte changed (damaged on the way)
+
+A PUT with a Content-MD5 whose bytes do not match it is refused 400
+BadDigest, as S3 refuses it. --lose-create: the first CreateMultipartUpload
+of every key makes its upload, and its connection is closed without an
+answer (the upload left to the client to find); --foreign-upload stale or
+fresh: with it, another writer's upload of the key, initiated an hour
+before or at the same moment.
+
+Listings write keys as S3 does: URL-encoded when asked encoding-type=url
+(a space as '+', EncodingType url said), else as XML text with control
+characters as numeric references ("&#13;"). The mode
+
+  no-url-encoding  ignores encoding-type (as s3rver does): keys as XML
+                text, every character outside ASCII a hex reference
+                ("&#x1F600;") too
 
 Writes its port to --port-file once listening; counts requests in
 --count-file; says each fault done once on stderr ("fault: MODE WHAT of
 upload ID"). Run with Debian's /usr/bin/python3 (standard library only)."""
 import argparse
+import base64
 import hashlib
 import http.server
 import os
@@ -85,10 +111,27 @@ VERSIONS = {}  # path -> version number (change modes)
 SWAPPED = [False]  # swapped mode: an index was read
 REQUESTS = [0]
 THROTTLED_FROM = [None]  # when the first request to throttle came (slowdown modes)
-UPLOADS = {}  # S3 multipart uploads under way: upload id -> {"key": path, "parts": {number: bytes}}
+UPLOADS = {}  # S3 multipart uploads under way: upload id -> {"key": path, "parts": {number: bytes}, "initiated": time}
 WRITTEN = {}  # path -> the ETag of the object a PUT or a completion made (S3's: an MD5, "MD5-PARTS" of a multipart)
 FAULTED = set()  # (upload id, what) of faults done once (part-500, part-drop, complete-error)
 S3_PART_MIN = 5 << 20  # S3's smallest part but the last
+
+
+def xml_escape(text):
+    """text as S3 writes it in XML: & < > named, control characters as
+    numeric references; in no-url-encoding mode every character outside
+    ASCII as a hex reference too."""
+    out = []
+    for c in text:
+        if c in "&<>":
+            out.append({"&": "&amp;", "<": "&lt;", ">": "&gt;"}[c])
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append("&#%d;" % ord(c))
+        elif ord(c) > 0x7F and ARGS.mode == "no-url-encoding":
+            out.append("&#x%X;" % ord(c))
+        else:
+            out.append(c)
+    return "".join(out)
 
 
 def etag_of(path, version):
@@ -162,6 +205,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
         sys.stderr.flush()
         return True
 
+    def digest_matches(self, data):
+        """Whether the body matches its Content-MD5 (base64 of its MD5), if it has one."""
+        want = self.headers.get("Content-MD5")
+        return want is None or want == base64.b64encode(hashlib.md5(data).digest()).decode()
+
+    def lost(self):
+        """The answer to this request is lost: the connection closed without one."""
+        self.close_connection = True
+
+    def new_upload(self, path, initiated):
+        upload_id = hashlib.md5(("%s:%d:%f" % (path, len(UPLOADS), time.time())).encode()).hexdigest()
+        with LOCK:
+            UPLOADS[upload_id] = {"key": path, "parts": {}, "initiated": initiated}
+        return upload_id
+
     def do_PUT(self):
         self.count()
         if not ARGS.s3:
@@ -178,6 +236,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return
             if number == 2 and ARGS.mode in ("part-refused", "abort-refused"):
                 return self.s3_error(403, "AccessDenied")
+            if number == 2 and ARGS.mode == "part-damaged" and data and self.once(upload_id, "part"):
+                data = bytes([data[0] ^ 0x40]) + data[1:]
+            if not self.digest_matches(data):
+                return self.s3_error(400, "BadDigest")
             with LOCK:
                 if upload_id not in UPLOADS:
                     return self.s3_error(404, "NoSuchUpload")
@@ -185,6 +247,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.send(200, b"", [("ETag", '"%s"' % hashlib.md5(data).hexdigest())])
         if not path:
             return self.s3_error(400, "InvalidRequest")
+        if not self.digest_matches(data):
+            return self.s3_error(400, "BadDigest")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".put", "wb") as f:
             f.write(data)
@@ -200,9 +264,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         data = self.body()
         path = self.local()
         if "uploads" in query and path:
-            upload_id = hashlib.md5(("%s:%d:%f" % (path, len(UPLOADS), time.time())).encode()).hexdigest()
-            with LOCK:
-                UPLOADS[upload_id] = {"key": path, "parts": {}}
+            upload_id = self.new_upload(path, time.time())
+            if ARGS.lose_create and self.once(path, "create"):
+                if ARGS.foreign_upload:
+                    self.new_upload(path, time.time() - (3600 if ARGS.foreign_upload == "stale" else 0))
+                return self.lost()
             return self.send(200, ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<InitiateMultipartUploadResult>"
                                    "<UploadId>%s</UploadId></InitiateMultipartUploadResult>" % upload_id).encode())
         if "uploadId" not in query:
@@ -210,6 +276,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         upload_id = query["uploadId"][0]
         if ARGS.mode == "complete-garbage":
             return self.send(200, b"<html><body><h1>Welcome</h1></body></html>", [("Content-Type", "text/html")])
+        if ARGS.mode == "upload-vanished" and self.once(upload_id, "complete"):
+            with LOCK:
+                UPLOADS.pop(upload_id, None)
+            return self.s3_error(404, "NoSuchUpload")
         if ARGS.mode == "complete-error-always" or (ARGS.mode == "complete-error" and self.once(upload_id, "complete")):
             return self.send(200, b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\n<Error><Code>InternalError</Code>"
                              b"<Message>We encountered an internal error. Please try again.</Message></Error>")
@@ -230,6 +300,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         os.rename(path + ".put", path)
         digests = b"".join(hashlib.md5(upload["parts"][n]).digest() for n in numbers)
         etag = WRITTEN[path] = '"%s-%d"' % (hashlib.md5(digests).hexdigest(), len(numbers))
+        if ARGS.mode in ("complete-lost", "complete-lost-replaced") and self.once(upload_id, "complete"):
+            if ARGS.mode == "complete-lost-replaced":  # another writer's object, after ours
+                other = bytes(b ^ 0xFF for b in whole[:4096]) + whole[4096:]
+                with open(path + ".put", "wb") as f:
+                    f.write(other)
+                os.rename(path + ".put", path)
+                WRITTEN[path] = '"%s"' % hashlib.md5(other).hexdigest()
+            return self.lost()
         self.send(200, ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<CompleteMultipartUploadResult>"
                         "<ETag>%s</ETag></CompleteMultipartUploadResult>" % etag).encode())
 
@@ -250,12 +328,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
             WRITTEN.pop(path, None)
         self.send(204)
 
-    def s3_list_uploads(self):
+    def s3_list_uploads(self, query):
+        prefix = query.get("prefix", [""])[0]
+        url = query.get("encoding-type", [""])[0] == "url"
+        encode = (lambda k: urllib.parse.quote_plus(k, safe="/")) if url else xml_escape
         with LOCK:
-            entries = sorted((os.path.relpath(u["key"], ARGS.root), i) for i, u in UPLOADS.items())
-        body = "".join("<Upload><Key>%s</Key><UploadId>%s</UploadId></Upload>" % e for e in entries)
+            entries = sorted((os.path.relpath(u["key"], ARGS.root), u["initiated"], i) for i, u in UPLOADS.items())
+        body = "".join("<Upload><Key>%s</Key><UploadId>%s</UploadId><Initiated>%s.%03dZ</Initiated></Upload>"
+                       % (encode(k), i, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)), int(t * 1000) % 1000)
+                       for k, t, i in entries if k.startswith(prefix))
         self.send(200, ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListMultipartUploadsResult>%s"
-                        "<IsTruncated>false</IsTruncated></ListMultipartUploadsResult>" % body).encode())
+                        "<IsTruncated>false</IsTruncated>%s</ListMultipartUploadsResult>"
+                        % ("<EncodingType>url</EncodingType>" if url else "", body)).encode())
 
     def throttled(self):
         """Whether this request is answered 503 (slowdown modes); answers it."""
@@ -281,7 +365,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if ARGS.s3 and "list-type" in query:
             return self.s3_list(query)
         if ARGS.s3 and "uploads" in urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query, keep_blank_values=True):
-            return self.s3_list_uploads()
+            return self.s3_list_uploads(query)
         path = self.local()
         if not path or not os.path.isfile(path):
             return self.send(404, b"<Error><Code>NoSuchKey</Code></Error>")
@@ -393,14 +477,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     keys.append(key)
         if "max-keys" in query:
             keys = sorted(keys)[: int(query["max-keys"][0])]
-        contents = "".join("<Contents><Key>%s</Key></Contents>" % k for k in sorted(keys))
+        # Keys as S3 writes them: asked encoding-type=url, URL-encoded
+        # (a space as '+') and said so; else as XML text, a control
+        # character as a numeric reference ("&#13;"). no-url-encoding
+        # ignores encoding-type (as s3rver does) and writes every character
+        # outside ASCII as a hex reference ("&#x1F600;"), as some XML
+        # writers do.
+        url = query.get("encoding-type", [""])[0] == "url" and ARGS.mode != "no-url-encoding"
+        encode = (lambda k: urllib.parse.quote_plus(k, safe="/")) if url else xml_escape
         delimited = "delimiter" in query
         prefixes = sorted({k[len(prefix):].split("/")[0] for k in keys if "/" in k[len(prefix):]}) if delimited else []
-        if delimited:
-            contents = "".join("<Contents><Key>%s</Key></Contents>" % k for k in sorted(keys)
-                               if "/" not in k[len(prefix):])
-        common = "".join("<CommonPrefixes><Prefix>%s%s/</Prefix></CommonPrefixes>" % (prefix, p) for p in prefixes)
-        body = "<ListBucketResult><IsTruncated>false</IsTruncated>%s%s</ListBucketResult>" % (contents, common)
+        contents = "".join("<Contents><Key>%s</Key></Contents>" % encode(k) for k in sorted(keys)
+                           if not delimited or "/" not in k[len(prefix):])
+        common = "".join("<CommonPrefixes><Prefix>%s</Prefix></CommonPrefixes>" % encode(prefix + p + "/")
+                         for p in prefixes)
+        body = "<ListBucketResult>%s<IsTruncated>false</IsTruncated>%s%s</ListBucketResult>" % (
+            "<EncodingType>url</EncodingType>" if url else "", contents, common)
         self.send(200, body.encode())
 
     def do_PROPFIND(self):
@@ -451,6 +543,8 @@ def main():
     p.add_argument("--count-file")
     p.add_argument("--throttle-seconds", type=float)
     p.add_argument("--switch-file", help="replaced mode: objects change once this file exists")
+    p.add_argument("--lose-create", action="store_true", help="the first create of every key: made, answer lost")
+    p.add_argument("--foreign-upload", choices=["stale", "fresh"], help="with it, another writer's upload of the key")
     ARGS = p.parse_args()
     loopback.serve_forever(Handler, ARGS.port_file)
 
