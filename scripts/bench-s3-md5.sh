@@ -6,7 +6,9 @@
 # proxy), by this build and by a build of a revision without the MD5s
 # (BENCH_BASE_BIN, its bin/ directory), alternating, BENCH_REPS rounds, the
 # faster of each kept; and OpenSSL's MD5 (`openssl dgst -md5`, one core)
-# over the same files. Prints a Markdown table (docs/BENCHMARKS.md).
+# over the same files. Prints a Markdown table, and with BENCH_DOC writes it
+# as the section bench-s3-md5 of that file (docs/BENCHMARKS.md; test_bench
+# runs it at the tiny size with this build as both).
 #   BENCH_MODEL (default "--model gpt2-124m --optim --tp 4"), BENCH_REPS (3)
 set -eu
 cd "$(dirname "$0")/.."
@@ -26,6 +28,11 @@ trap 'exit 1' INT TERM
 BYTES=$(du -sb "$SCRATCH/local" | cut -f1)
 if ! OBJSTORE_S3_PROXY=0 s3_start "$STORE/s3" bench >&2; then
     echo "bench-s3-md5: skipped: s3rver cannot be started (scripts/deps.sh installs it)" >&2
+    if [ -n "${BENCH_DOC:-}" ]; then
+        doc_section bench-s3-md5 "The multipart parts' MD5 (bench-s3-md5)" <<DOC
+Skipped on this machine: s3rver could not start (scripts/deps.sh installs it).
+DOC
+    fi
     exit 0
 fi
 export AWS_ENDPOINT_URL="$S3_ENDPOINT"
@@ -42,6 +49,8 @@ for round in $(seq 1 "$REPS"); do
     t=$(measure sh -c "openssl dgst -md5 '$SCRATCH'/local/*.h5 >/dev/null" | measured_seconds)
     md5=$(least "$md5" "$t")
 done
+TABLE="$SCRATCH/table.md"
+{
 echo "checkpoint: $BYTES bytes ($MODEL); $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; s3rver on loopback"
 echo
 echo "| what | seconds | MB/s | / upload without MD5 |"
@@ -51,3 +60,12 @@ for row in "upload, parts without MD5 (BENCH_BASE_BIN)|$base" "upload, each part
     what=${row%|*} s=${row#*|}
     echo "| $what | $s | $(mbs "$s") | $($PY -c 'import sys; print("%.2f" % (float(sys.argv[1]) / float(sys.argv[2])))' "$s" "$base") |"
 done
+} | tee "$TABLE"
+if [ -n "${BENCH_DOC:-}" ]; then
+    doc_section bench-s3-md5 "The multipart parts' MD5 (bench-s3-md5)" <<DOC
+Command: \`BENCH_DOC=docs/BENCHMARKS.md BENCH_BASE_BIN=DIR scripts/bench-s3-md5.sh\` (DIR: the bin/ of a build
+without the parts' MD5s). \`tp-ckpt copy\` of a checkpoint to s3rver on loopback, the two builds alternating,
+the faster of $REPS rounds kept each.
+$(cat "$TABLE")
+DOC
+fi
