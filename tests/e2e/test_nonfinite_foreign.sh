@@ -27,6 +27,64 @@ DIST="$ROOT/tests/support/megatron_dist_fixture.py"
 
 skip_without_python 'torch, numpy, h5py' "python3-torch is not installed"
 
+# refused SRC FILE WHAT: import and tp-reshard --format tp of SRC (a
+# legacy or torch_dist checkpoint of the model below: the NaN at layer 1's
+# QKV [101, 3], an infinity in an Adam moment) refuse it in one line naming
+# FILE, the tensor, its counts, the first's index and the total, leaving
+# nothing in $WORK/out.
+refused() {
+    expect_error "import refuses $3 holding NaN: the file, tensor, counts, first index, total" 1 \
+        "$2: tensor layers.1.attention.qkv.weight \[192, 64\] holds 1 NaN and 0 infinite values, the first at \[101, 3\]; 2 tensors in all hold NaN or infinite values \(2 values\): nothing imported \(--allow-nonfinite imports them as they are\)$" \
+        "$CK" import "$WORK/$1" --tp 2 --pp 1 -o "$WORK/out/$1_import"
+    check "the refused import left nothing behind" sh -c '! ls -A "$1" 2>/dev/null | grep -q .' sh "$WORK/out"
+    expect_error "tp-reshard --format tp refuses it the same way" 1 \
+        "$2: tensor layers.1.attention.qkv.weight \[192, 64\] holds 1 NaN and 0 infinite values, the first at \[101, 3\]; 2 tensors in all hold NaN or infinite values \(2 values\): nothing written \(--allow-nonfinite carries them as they are\)$" \
+        "$RS" "$WORK/$1" --to tp1 --format tp -o "$WORK/out/$1_tp"
+    check "the refused reshard left nothing behind" sh -c '! ls -A "$1" 2>/dev/null | grep -q .' sh "$WORK/out"
+}
+
+# carried SRC FILE OUT: with --allow-nonfinite, import (to OUT_import) and
+# tp-reshard --format tp (to OUT_tp) write them, the refusal's sentence
+# said as a warning.
+carried() {
+    expect_ok "import --allow-nonfinite carries them" "$CK" import "$WORK/$1" --tp 2 --pp 1 --allow-nonfinite \
+        -o "$WORK/$3_import"
+    check "with the refusal's sentence as a warning" grep -Eq \
+        "^tp-ckpt: warning: imported with NaN or infinite values \(--allow-nonfinite\): .*$2: tensor layers.1.attention.qkv.weight \[192, 64\] holds 1 NaN" \
+        "$WORK/.err"
+    expect_ok "tp-reshard --allow-nonfinite carries them" "$RS" "$WORK/$1" --to tp1 --format tp --allow-nonfinite \
+        -o "$WORK/$3_tp"
+    check "with a warning" grep -q "^tp-reshard: warning: written with NaN or infinite values (--allow-nonfinite): " "$WORK/.err"
+}
+
+# bit_for_bit PREFIX: h5py's reading (tests/ckpt/check_h5py.py) of
+# PREFIX_import's and PREFIX_tp's layer-1 QKV and word-embedding Adam
+# moment against the source's as its own tool read them ($WORK/want_qkv.npy,
+# want_moment.npy, written by the judge just before), bit for bit, NaN
+# payloads included. The import regroups Megatron's QKV rows per group
+# ([q_h, k_h, v_h] for each head h: a GPT-2 has a group a head) into this
+# model's [q; k; v].
+bit_for_bit() {
+    for what in "$1_import model/layers.1.attn.qkv.weight optim/exp_avg/tok_embed.weight" \
+        "$1_tp layers.1.attention.qkv.weight optim/exp_avg/embedding.word_embeddings.weight"; do
+        set -- $what
+        check "$1: the NaN and the infinity carried bit for bit (the source's own tool against h5py)" sh -c '
+"$1" "$2" "$3/$4" --dump "$5" "$3/qkv.npy" >/dev/null && "$1" "$2" "$3/$4" --dump "$6" "$3/moment.npy" >/dev/null &&
+"$1" - "$3" "$4" <<"PYEOF"
+import sys, numpy as np
+work, output = sys.argv[1], sys.argv[2]
+qkv, moment = np.load(work + "/want_qkv.npy"), np.load(work + "/want_moment.npy")
+if output.endswith("_import"):  # per head [q, k, v] blocks of 16 rows -> [q heads; k heads; v heads]
+    qkv = qkv.reshape(4, 3, 16, 64).transpose(1, 0, 2, 3).reshape(192, 64)
+for name, want in (("qkv", qkv), ("moment", moment)):
+    got = np.load("%s/%s.npy" % (work, name))
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
+    assert np.isnan(got).sum() + np.isinf(got).sum() == 1, name
+PYEOF' sh "$PY" "$H5" "$WORK" "$1" "$2" "$3"
+    done
+}
+
 # ------------------------------------------------------- Megatron-LM legacy
 expect_ok "fixture: a GPT-2 with --openai-gelu and Adam state, tp2pp1, fp32" "$PY" "$FIXTURE" "$WORK/m" --tp 2 --pp 1 \
     --layers 2 --hidden 64 --heads 4 --ffn 128 --vocab 90 --make-vocab-size-divisible-by 16 --dtype fp32 --optimizer \
@@ -52,14 +110,7 @@ moments[0][2, 5] = float("-inf")
 torch.save(sd, sys.argv[1])
 PYEOF
 MEGATRON_FILE="m_nan/iter_0001000/mp_rank_01/model_optim_rng.pt"
-expect_error "import refuses a Megatron checkpoint holding NaN: the file, tensor, counts, first index, total" 1 \
-    "$MEGATRON_FILE: tensor layers.1.attention.qkv.weight \[192, 64\] holds 1 NaN and 0 infinite values, the first at \[101, 3\]; 2 tensors in all hold NaN or infinite values \(2 values\): nothing imported \(--allow-nonfinite imports them as they are\)$" \
-    "$CK" import "$WORK/m_nan" --tp 2 --pp 1 -o "$WORK/out/m_import"
-check "the refused import left nothing behind" sh -c '! ls -A "$1" 2>/dev/null | grep -q .' sh "$WORK/out"
-expect_error "tp-reshard --format tp refuses it the same way" 1 \
-    "$MEGATRON_FILE: tensor layers.1.attention.qkv.weight \[192, 64\] holds 1 NaN and 0 infinite values, the first at \[101, 3\]; 2 tensors in all hold NaN or infinite values \(2 values\): nothing written \(--allow-nonfinite carries them as they are\)$" \
-    "$RS" "$WORK/m_nan" --to tp1 --format tp -o "$WORK/out/m_tp"
-check "the refused reshard left nothing behind" sh -c '! ls -A "$1" 2>/dev/null | grep -q .' sh "$WORK/out"
+refused m_nan "$MEGATRON_FILE" "a Megatron checkpoint"
 # The Adam moment alone: optimizer state is counted as the weights are.
 cp -r "$WORK/m" "$WORK/m_inf"
 "$PY" - "$WORK/m_inf/iter_0001000/mp_rank_01/model_optim_rng.pt" "$ROOT/tests/support" <<'PYEOF'
@@ -76,45 +127,24 @@ expect_error "an infinite Adam moment alone is refused, named as Megatron's opti
     "$CK" import "$WORK/m_inf" --tp 1 --pp 1 -o "$WORK/out/m_inf"
 check "nothing left behind" test ! -e "$WORK/out/m_inf"
 
-expect_ok "import --allow-nonfinite carries them" "$CK" import "$WORK/m_nan" --tp 2 --pp 1 --allow-nonfinite \
-    -o "$WORK/m_import"
-check "with the refusal's sentence as a warning" grep -Eq \
-    "^tp-ckpt: warning: imported with NaN or infinite values \(--allow-nonfinite\): .*$MEGATRON_FILE: tensor layers.1.attention.qkv.weight \[192, 64\] holds 1 NaN" \
-    "$WORK/.err"
-expect_ok "tp-reshard --allow-nonfinite carries them" "$RS" "$WORK/m_nan" --to tp1 --format tp --allow-nonfinite \
-    -o "$WORK/m_tp"
-check "with a warning" grep -q "^tp-reshard: warning: written with NaN or infinite values (--allow-nonfinite): " "$WORK/.err"
-# The judge: h5py's reading of the outputs against torch.load of the rank
-# files, bit for bit (NaN payloads included). The import regroups Megatron's
-# QKV rows per group ([q_h, k_h, v_h] for each head h: a GPT-2 has a group
-# a head) into this model's [q; k; v].
-for what in "m_import model/layers.1.attn.qkv.weight optim/exp_avg/tok_embed.weight" \
-    "m_tp layers.1.attention.qkv.weight optim/exp_avg/embedding.word_embeddings.weight"; do
-    set -- $what
-    check "$1: the NaN and the infinity carried bit for bit (torch.load against h5py)" sh -c '
-"$1" "$2" "$3/$4" --dump "$5" "$3/qkv.npy" >/dev/null && "$1" "$2" "$3/$4" --dump "$6" "$3/moment.npy" >/dev/null &&
-"$1" - "$3" "$4" "$7" <<"PYEOF"
+carried m_nan "$MEGATRON_FILE" m
+# The judge: torch.load of the rank files, the pieces joined.
+expect_ok "torch.load reads the source's NaN and infinity" "$PY" - "$WORK" "$ROOT/tests/support" <<'PYEOF'
 import sys, numpy as np, torch
-sys.path.insert(0, sys.argv[3])
+sys.path.insert(0, sys.argv[2])
 import megatron_fixture
 megatron_fixture.install_megatron_stubs()
-work, output = sys.argv[1], sys.argv[2]
+work = sys.argv[1]
 ranks = [torch.load("%s/m_nan/iter_0001000/mp_rank_%02d/model_optim_rng.pt" % (work, r), map_location="cpu",
                     weights_only=False) for r in (0, 1)]
 qkv = torch.cat([sd["model"]["language_model"]["encoder"]["layers.1.self_attention.query_key_value.weight"]
                  for sd in ranks])
 moment = torch.cat([next(s["exp_avg"] for s in sd["optimizer"]["state"].values() if tuple(s["exp_avg"].shape) == (48, 64))
                     for sd in ranks])
-if output == "m_import":  # per head [q, k, v] blocks of 16 rows -> [q heads; k heads; v heads]
-    qkv = qkv.reshape(4, 3, 16, 64).transpose(0, 1).reshape(192, 64)
-for name, want in (("qkv", qkv), ("moment", moment)):
-    got = np.load("%s/%s.npy" % (work, name))
-    want = want.numpy()
-    assert got.shape == want.shape, (name, got.shape, want.shape)
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
-    assert np.isnan(got).sum() + np.isinf(got).sum() == 1, name
-PYEOF' sh "$PY" "$H5" "$WORK" "$1" "$2" "$3" "$ROOT/tests/support"
-done
+np.save(work + "/want_qkv.npy", qkv.numpy())
+np.save(work + "/want_moment.npy", moment.numpy())
+PYEOF
+bit_for_bit m
 expect_ok "tp-reshard --verify proves the carried output equal to the source (logical digests)" "$RS" "$WORK/m_nan" \
     --to tp2 --format tp --allow-nonfinite --verify -o "$WORK/m_tp2"
 
@@ -155,50 +185,24 @@ dist.mf.make_full = poisoned
 sys.exit(dist.main(sys.argv[2:]))
 PYEOF
 DIST_FILE="td/iter_0001000/__0_0.distcp"
-expect_error "import refuses a torch_dist checkpoint holding NaN: the data file, tensor, counts, first index, total" 1 \
-    "$DIST_FILE: tensor layers.1.attention.qkv.weight \[192, 64\] holds 1 NaN and 0 infinite values, the first at \[101, 3\]; 2 tensors in all hold NaN or infinite values \(2 values\): nothing imported \(--allow-nonfinite imports them as they are\)$" \
-    "$CK" import "$WORK/td" --tp 2 --pp 1 -o "$WORK/out/td_import"
-check "the refused import left nothing behind" sh -c '! ls -A "$1" 2>/dev/null | grep -q .' sh "$WORK/out"
-expect_error "tp-reshard --format tp refuses it the same way" 1 \
-    "$DIST_FILE: tensor layers.1.attention.qkv.weight \[192, 64\] holds 1 NaN and 0 infinite values, the first at \[101, 3\]; 2 tensors in all hold NaN or infinite values \(2 values\): nothing written \(--allow-nonfinite carries them as they are\)$" \
-    "$RS" "$WORK/td" --to tp1 --format tp -o "$WORK/out/td_tp"
-check "the refused reshard left nothing behind" sh -c '! ls -A "$1" 2>/dev/null | grep -q .' sh "$WORK/out"
-expect_ok "import --allow-nonfinite carries them" "$CK" import "$WORK/td" --tp 2 --pp 1 --allow-nonfinite \
-    -o "$WORK/td_import"
-check "with the refusal's sentence as a warning" grep -Eq \
-    "^tp-ckpt: warning: imported with NaN or infinite values \(--allow-nonfinite\): .*$DIST_FILE: tensor layers.1.attention.qkv.weight \[192, 64\] holds 1 NaN" \
-    "$WORK/.err"
-expect_ok "tp-reshard --allow-nonfinite carries them" "$RS" "$WORK/td" --to tp1 --format tp --allow-nonfinite \
-    -o "$WORK/td_tp"
-check "with a warning" grep -q "^tp-reshard: warning: written with NaN or infinite values (--allow-nonfinite): " "$WORK/.err"
-# The judge: torch's DCP load of the source's two entries (the stacked QKV's
-# layer 1, the moment) against h5py's reading of the outputs, bit for bit.
-for what in "td_import model/layers.1.attn.qkv.weight optim/exp_avg/tok_embed.weight" \
-    "td_tp layers.1.attention.qkv.weight optim/exp_avg/embedding.word_embeddings.weight"; do
-    set -- $what
-    check "$1: the NaN and the infinity carried bit for bit (torch's DCP load against h5py)" sh -c '
-"$1" "$2" "$3/$4" --dump "$5" "$3/qkv.npy" >/dev/null && "$1" "$2" "$3/$4" --dump "$6" "$3/moment.npy" >/dev/null &&
-"$1" - "$3" "$4" "$7" <<"PYEOF"
+refused td "$DIST_FILE" "a torch_dist checkpoint"
+carried td "$DIST_FILE" td
+# The judge: torch's DCP load of the source's two entries (the stacked
+# QKV's layer 1, the moment).
+expect_ok "torch's DCP load reads the source's NaN and infinity" "$PY" - "$WORK" "$ROOT/tests/formats" <<'PYEOF'
 import sys, numpy as np, torch
-sys.path.insert(0, sys.argv[3])
+sys.path.insert(0, sys.argv[2])
 import dcp_torch
-work, output = sys.argv[1], sys.argv[2]
+work = sys.argv[1]
 path = work + "/td/iter_0001000"
 tensors, _ = dcp_torch.tensor_entries(path)
 keys = ("decoder.layers.self_attention.linear_qkv.weight", "optimizer.state.exp_avg.embedding.word_embeddings.weight")
 state = {k: torch.empty(tensors[k][0], dtype=tensors[k][1]) for k in keys}
 dcp_torch.alone(lambda rank, ranks: dcp_torch.load(state, path))
-qkv, moment = state[keys[0]][1], state[keys[1]]  # [layers, 192, 64]: layer 1
-if output == "td_import":  # per head [q, k, v] blocks of 16 rows -> [q heads; k heads; v heads]
-    qkv = qkv.reshape(4, 3, 16, 64).transpose(0, 1).reshape(192, 64)
-for name, want in (("qkv", qkv), ("moment", moment)):
-    got = np.load("%s/%s.npy" % (work, name))
-    want = want.numpy()
-    assert got.shape == want.shape, (name, got.shape, want.shape)
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), name
-    assert np.isnan(got).sum() + np.isinf(got).sum() == 1, name
-PYEOF' sh "$PY" "$H5" "$WORK" "$1" "$2" "$3" "$ROOT/tests/formats"
-done
+np.save(work + "/want_qkv.npy", state[keys[0]][1].numpy())  # [layers, 192, 64]: layer 1
+np.save(work + "/want_moment.npy", state[keys[1]].numpy())
+PYEOF
+bit_for_bit td
 expect_ok "tp-reshard --verify proves the carried output equal to the source (logical digests)" "$RS" "$WORK/td" \
     --to tp2 --format tp --allow-nonfinite --verify -o "$WORK/td_tp2"
 
