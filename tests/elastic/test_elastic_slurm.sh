@@ -19,19 +19,7 @@
 . "$ROOT/tests/elastic/lib.sh"
 . "$ROOT/tests/support/objstore.sh"
 
-if ! slurm_available; then
-    echo "[SKIP] [$NAME] Slurm is not installed (make deps installs slurm-wlm)"
-    finish
-    exit 0
-fi
-use_open_mpi
-# The cluster's nodes are one machine: Open MPI's shared-memory transport
-# between ranks that Slurm places on different nodes crashed in MPI_Init
-# (SIGSEGV in mca_btl_vader) with 6 ranks over 3 nodes; TCP over loopback
-# is what ranks on different machines use anyway.
-export OMPI_MCA_btl=self,tcp
-ELASTIC="$BIN/tp-elastic"
-TRAIN="$BIN/tp-train"
+slurm_runs
 STEPS=60
 TRAIN_ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --steps $STEPS --ckpt-every 10"
 FAST="--backoff 0.2 --heartbeat-timeout 20 --start-timeout 60 --grace 2 --ranks-per-node 1"

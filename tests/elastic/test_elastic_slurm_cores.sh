@@ -17,17 +17,7 @@
 . "$ROOT/tests/support/slurm.sh"
 . "$ROOT/tests/elastic/lib.sh"
 
-if ! slurm_available; then
-    echo "[SKIP] [$NAME] Slurm is not installed (make deps installs slurm-wlm)"
-    finish
-    exit 0
-fi
-use_open_mpi
-# The cluster's nodes are one machine: TCP between ranks of different
-# nodes, as test_elastic_slurm.sh says why.
-export OMPI_MCA_btl=self,tcp
-ELASTIC="$BIN/tp-elastic"
-TRAIN="$BIN/tp-train"
+slurm_runs
 STEPS=20
 TRAIN_ARGS="--model tiny --quiet --global-batch 12 --micro-batch 2 --steps $STEPS --ckpt-every 10"
 FAST="--backoff 0.2 --heartbeat-timeout 20 --grace 2"
