@@ -4,7 +4,10 @@
  * args, model dicts, optimizer state (parameter groups, state entries,
  * fp32 masters) and RNG states are interpreted; the reader then reads every
  * piece for its digests. It must open or fail with an error, never crash,
- * hang or read outside the file. `make fuzz` runs it. */
+ * hang or read outside the file. The seeds *_pickle_crc0.pt record their
+ * data.pkl's CRC-32 as 0 (tests/fuzz/zero_crc.py): with the real one,
+ * every mutation of the pickle was refused as damage before the args were
+ * read. `make fuzz` runs it. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
