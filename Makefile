@@ -301,8 +301,9 @@ soak: deps
 # Fuzzing with libFuzzer (clang) under ASan and UBSan: the index parser, the
 # safetensors reader, the partition arithmetic, the pickle interpreter,
 # torch.save archives, Megatron-LM checkpoints, the Megatron-LM writer's
-# carrying over of a source's non-tensor state and PyTorch distributed
-# checkpoints' .metadata (tests/fuzz/fuzz_*.c), each
+# carrying over of a source's non-tensor state, PyTorch distributed
+# checkpoints' .metadata, Megatron-Core's .metadata and common.pt, and
+# Hugging Face config.json and tokenizer files (tests/fuzz/fuzz_*.c), each
 # for FUZZ_SECONDS from its seed corpus (tests/fuzz/corpus/<target>, with
 # tests/fuzz/<target>.dict where there is one, and the corpora that
 # tests/fuzz/<target>.seeds names, a folder a line); new
@@ -313,7 +314,7 @@ FUZZ_SECONDS ?= 30
 # Where the fuzzers are built and their corpora and crashes kept
 # (tests/e2e/test_fuzz_build.sh builds them in its own directory).
 FUZZ_BUILD ?= build-fuzz
-FUZZ_TARGETS := index safetensors partition pickle torch megatron megatron_write dcp megatron_dist
+FUZZ_TARGETS := index safetensors partition pickle torch megatron megatron_write dcp megatron_dist hf
 FUZZ_SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all
 fuzz: deps
 	@command -v clang >/dev/null || { echo "make fuzz needs clang (apt-get install clang)" >&2; exit 1; }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../../model/interop.h"
+#include "../support/fixture.h"
 
 static gpt_config parsed(const char *const *pairs)
 {
@@ -648,4 +649,17 @@ Test(options, another_model_is_named_by_what_differs)
         cr_assert(strstr(other, cases[i].run), "case %zu: the run's '%s' after it: %s", i, cases[i].run, m);
     }
     cr_assert_eq(gpt_config_check_same("ck", &saved, &saved), TP_OK);
+}
+
+/* ------------------------------------------ the fuzzing corpus, replayed */
+
+#define LLVMFuzzerTestOneInput fuzz_hf_one
+#include "../fuzz/fuzz_hf.c"
+#undef LLVMFuzzerTestOneInput
+
+/* tests/fuzz/corpus/hf (config.json, tokenizer directories; crashes found
+ * by `make fuzz` included) through the fuzz target: run from the root. */
+Test(interop, fuzz_corpus_hf)
+{
+    cr_assert_gt(replay_corpus("hf", fuzz_hf_one), 0);
 }
