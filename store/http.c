@@ -661,6 +661,9 @@ int http_perform(const http_request *q, http_response *r)
         why[0] = '\0';
         TP_TRY(attempt_once(curl, q, r, &code, why, sizeof why));
         r->attempts = attempt + 1;
+        if (code != CURLE_OK && code != CURLE_COULDNT_CONNECT && code != CURLE_COULDNT_RESOLVE_HOST &&
+            code != CURLE_COULDNT_RESOLVE_PROXY)
+            r->unanswered++;
         int transient = code != CURLE_OK ? curl_transient(code) : http_answer_transient(r);
         if (code == CURLE_OK && !transient) {
             throttle_served();

@@ -67,6 +67,11 @@ typedef struct {
     char bucket_region[64]; /* S3's x-amz-bucket-region header (the bucket's region); "" without one */
     int error_in_ok;        /* a 2xx carrying an <Error> (ok_may_carry_error), its start in error_body */
     int attempts;
+    /* Of those, the attempts sent that got no whole answer (a connection
+     * closed or timed out after the request may have gone): whether the
+     * server did their work is not known. An attempt answered, a 5xx or a
+     * throttling 503 too, is not one; nor one never sent (no connection). */
+    int unanswered;
     int64_t server_time;    /* the answer's Date header, seconds since 1970 (the server's clock); 0 without one */
 } http_response;
 

@@ -552,7 +552,10 @@ static double s3_time(const char *text)
  * "" when none was answered). They are found by listing the key's uploads
  * under way (ListMultipartUploads), and aborted when S3 initiated them
  * between the first create sent (began) and the end of the last (ended),
- * and are no more than the creates whose answer was lost. The two clocks
+ * and are no more than the creates whose answer was lost (lost:
+ * http_response.unanswered; a create answered, a throttling 503 or a 5xx,
+ * made none, and counting it would let another writer's upload of that
+ * window pass for an orphan and be aborted). The two clocks
  * are set side by side by the listing's answer: its Date (S3's clock, to
  * the second) was written between the listing's request and its answer.
  * More uploads in that window than the lost answers means another writer
@@ -562,7 +565,8 @@ static double s3_time(const char *text)
  * ever aborted. A server without ListMultipartUploads (s3rver) is said to
  * be. What is done is said (store_notify): the upload itself is made or
  * not whatever this finds. */
-static int abort_orphaned_uploads(const char *url, const char *upload_id, int creates, double began, double ended)
+static int abort_orphaned_uploads(const char *url, const char *upload_id, int creates, int lost, double began,
+                                  double ended)
 {
     char canonical[TP_PATH_MAX], bucket_url[512];
     if (tp_path_canonical(url, canonical, sizeof canonical)) return tp_fail(TP_ERR_ARG, "%s: URL too long", url);
@@ -592,7 +596,7 @@ static int abort_orphaned_uploads(const char *url, const char *upload_id, int cr
     double from = began + (double)r.server_time - answered - 1, to = ended + (double)r.server_time + 1 - asked + 1;
     enum { LISTED_MAX = 64 };
     char ids[LISTED_MAX][1024], listed_key[TP_PATH_MAX];
-    int found = 0, lost = creates - (upload_id[0] ? 1 : 0);
+    int found = 0;
     for (const char *q = p; !status && (next = xml_element(q, end, "Upload", &text, &text_end)); q = next) {
         const char *x, *x_end;
         char initiated[64] = "", id[1024] = "";
@@ -663,10 +667,9 @@ static int put_multipart(const char *url, const char *local, int64_t offset, int
     double create_began = now_seconds();
     int status = object_call_ok(store_s3(), &create, &r);
     double create_ended = now_seconds();
-    /* Creates whose answer may have been lost after S3 took them: a retry
-     * was made, or none was answered. */
-    int creates = r.attempts,
-        orphans_possible = creates > 1 || (status && creates >= 1 && (r.code == 0 || http_status_transient(r.code)));
+    /* Creates whose answer was lost after they were sent, S3 having taken
+     * them or not: those alone may have left an upload. */
+    int creates = r.attempts, lost_answers = r.unanswered;
     char upload_id[1024] = "";
     const char *text, *text_end;
     if (!status && answer.data && xml_element(answer.data, answer.data + answer.size, "UploadId", &text, &text_end) &&
@@ -730,7 +733,8 @@ static int put_multipart(const char *url, const char *local, int64_t offset, int
         if (aborted) snprintf(why, sizeof why, "%s", tp_errmsg());
     }
     /* Said by a notice, whatever it finds: the upload's status stays its own. */
-    if (orphans_possible) (void)abort_orphaned_uploads(url, upload_id, creates, create_began, create_ended);
+    if (lost_answers > 0)
+        (void)abort_orphaned_uploads(url, upload_id, creates, lost_answers, create_began, create_ended);
     /* An abort that failed is said, not dropped: its parts stay in the bucket, billed and unlisted. */
     if (status && why[0])
         tp_fail(status, "%s (and its multipart upload could not be aborted, its parts staying billed in the bucket "

@@ -39,7 +39,8 @@
 # object's multipart ETag (it failed as "no such object (HTTP 404
 # NoSuchUpload)"), and another object there, or none, is refused saying
 # so; a create whose answer was lost leaves an upload, found and aborted,
-# never another writer's. Keys with a control character, '&', '+', a
+# never another writer's (nor when a create was answered 503: no lost
+# answer, it made none). Keys with a control character, '&', '+', a
 # space or UTF-8 are listed whole (encoding-type=url; numeric references).
 # Each ends in one error naming the URL, in bounded time; a throttling
 # store is waited out, saying so, for TP_REMOTE_THROTTLE_SECONDS in all.
@@ -386,6 +387,14 @@ upload part-refused --lose-create
 check_all "lose-create, then a part refused: the upload and the lost answer's both aborted (exit $RC)" \
     '[ $RC -eq 1 ] && grep -q "1 of the 1 uploads S3 made for the lost answers aborted" "$WORK/.err" &&
      nothing_at_url && [ -z "$(uploads_left)" ]'
+# A create answered (a throttling 503 SlowDown) made no upload: it is no
+# lost answer. Counted as one, it let another writer's upload begun in the
+# same second pass for the orphan it would have left, and aborted it.
+upload create-slowdown --foreign-upload fresh
+left=$(uploads_left)
+check_all "a create answered 503 SlowDown beside another writer's upload: that one not aborted, no orphan looked for ($left), exit $RC" \
+    '[ $RC -eq 0 ] && grep -q "^fault: create-slowdown create of upload" "$WORK/server.err" &&
+     [ $(echo "$left" | grep -c .) -eq 1 ] && ! grep -q "its multipart upload was created in" "$WORK/.err" && verified_there'
 
 # Transport faults: unreadable, not damaged. A short body (its Content-Range
 # naming more than came; or its Content-Length, the connection closed) is

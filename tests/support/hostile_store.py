@@ -73,13 +73,17 @@ way listed by GET /BUCKET?uploads (ListMultipartUploads). Write modes:
                 NoSuchUpload, nothing made
   part-damaged  the first attempt of every upload's part 2 arrives with a
                 byte changed (damaged on the way)
+  create-slowdown  the first CreateMultipartUpload of every key is answered
+                503 SlowDown, making no upload (S3 over its request rate);
+                the next is taken
 
 A PUT with a Content-MD5 whose bytes do not match it is refused 400
 BadDigest, as S3 refuses it. --lose-create: the first CreateMultipartUpload
 of every key makes its upload, and its connection is closed without an
 answer (the upload left to the client to find); --foreign-upload stale or
-fresh: with it, another writer's upload of the key, initiated an hour
-before or at the same moment.
+fresh: with it (or with the create-slowdown mode's 503), another
+writer's upload of the key, initiated an hour before or at the same
+moment.
 
 Listings write keys as S3 does: URL-encoded when asked encoding-type=url
 (a space as '+', EncodingType url said), else as XML text with control
@@ -264,6 +268,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         data = self.body()
         path = self.local()
         if "uploads" in query and path:
+            if ARGS.mode == "create-slowdown" and self.once(path, "create"):
+                if ARGS.foreign_upload:
+                    self.new_upload(path, time.time() - (3600 if ARGS.foreign_upload == "stale" else 0))
+                return self.s3_error(503, "SlowDown")
             upload_id = self.new_upload(path, time.time())
             if ARGS.lose_create and self.once(path, "create"):
                 if ARGS.foreign_upload:
