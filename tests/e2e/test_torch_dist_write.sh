@@ -235,7 +235,7 @@ for case in "tiny fp32 tp4pp2" "llama-tiny bf16 tp4pp2" "llama-tiny fp32 tp1pp2"
     expect_ok "$1 at $3: imported back" "$CK" import "$WORK/$1.$2.td" -o "$WORK/$1.$2.back" --tp 1 --pp 2
     expect_ok "$1 at $3: bit for bit the source's weights" "$CK" diff --weights-only "$WORK/$1.$2" "$WORK/$1.$2.back"
 done
-expect_error "--verify of a GPT: refused, saying what to do" 1 "import it back" "$RS" "$WORK/tiny.fp32" --format torch_dist \
+expect_error "--verify of a GPT: refused before any work, saying what to do (a usage error)" 2 "import it back" "$RS" "$WORK/tiny.fp32" --format torch_dist \
     --to tp2 -o "$WORK/never" --verify
 expect_ok "a DCP of the Llama" "$RS" "$WORK/llama-tiny.bf16" --format dcp --to tp2 -o "$WORK/llama.dcp"
 expect_ok "DCP -> torch_dist, weights only" "$RS" "$WORK/llama.dcp" --format torch_dist --to tp2pp2 --weights-only \
