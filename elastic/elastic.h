@@ -226,19 +226,27 @@ typedef enum { ELASTIC_SILENT_START, ELASTIC_SILENT_STEP, ELASTIC_SILENT_SAVE } 
 double elastic_hang_allowance(const elastic_run_options *options, elastic_silence silence,
                               double slowest_step_seconds);
 
+/* The shares of the wall time lost (docs/ELASTIC.md "State and events"):
+ * detection, selection, reshard, relaunch, lost work, and startup (the time
+ * before the run's first step that no other share holds: waits for
+ * capacity, an srun step held pending, the first load). */
+#define ELASTIC_LOST_KINDS 6
+
 typedef struct {
     int finished;            /* the last step was reached */
+    int trained;             /* a step was trained (the trainer's log holds one): 0, and the effective
+                                training time is none, training_seconds 0 */
     int64_t step;            /* the last step logged */
     int launches, restarts, scale_changes;
     int64_t steps_recomputed;
-    double wall_seconds, training_seconds; /* training: step time that was kept */
-    double lost_seconds[5];  /* detection, selection, reshard, relaunch, lost work */
+    double wall_seconds, training_seconds; /* training: wall time less every lost share; 0 untrained */
+    double lost_seconds[ELASTIC_LOST_KINDS]; /* named by elastic_lost_names */
     char reason[1024];       /* why it gave up */
     int usage_error;         /* the trainer refused its arguments (exit status 2 on the first launch): the
                                 caller's usage error, not relaunched */
 } elastic_summary;
 
-extern const char *const elastic_lost_names[5];
+extern const char *const elastic_lost_names[ELASTIC_LOST_KINDS];
 
 /* Runs until the trainer finishes every step, or gives up (restarts used
  * up, a failure that repeats without progress, capacity below min_world for

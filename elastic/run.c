@@ -33,8 +33,9 @@
 #include "../common/json.h"
 #include "elastic.h"
 
-const char *const elastic_lost_names[5] = {"detection", "selection", "reshard", "relaunch", "lost_work"};
-enum { LOST_DETECTION, LOST_SELECTION, LOST_RESHARD, LOST_RELAUNCH, LOST_WORK };
+const char *const elastic_lost_names[ELASTIC_LOST_KINDS] = {"detection", "selection", "reshard",
+                                                            "relaunch",  "lost_work", "startup"};
+enum { LOST_DETECTION, LOST_SELECTION, LOST_RESHARD, LOST_RELAUNCH, LOST_WORK, LOST_STARTUP };
 
 static atomic_int stop_requested;
 
@@ -86,11 +87,14 @@ typedef struct {
     pid_t launch_pid; /* the launch running now (its process group), 0 when none */
     uint64_t launch_start; /* when it started (elastic_process_start), 0 when unknown */
     int64_t last_failure_step, steps_recomputed, last_step;
-    double lost[5], wall_before;
+    double lost[ELASTIC_LOST_KINDS], wall_before;
+    int trained;            /* the run has trained a step (its log holds one): the lost shares from here */
     double slowest_step;    /* seconds: the slowest step of any launch (elastic_hang_allowance) */
     /* this orchestrator's */
     int launches_before;    /* launches of earlier orchestrators (state.json) */
     int restarts_before;    /* their restarts: --max-restarts counts this orchestrator's alone */
+    double startup_before;  /* their startup (state.json), and every other share of theirs: count_startup */
+    double others_before;
     double started;
     double step_seconds_sum;
     int64_t step_count;
@@ -138,8 +142,11 @@ static cJSON *layout_json(const elastic_layout *l)
     return o;
 }
 
+static void count_startup(run_state *s);
+
 static int save_state(run_state *s)
 {
+    count_startup(s); /* an orchestrator killed before the first step leaves its startup said */
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "launches", s->launches);
     cJSON_AddNumberToObject(o, "restarts", s->restarts);
@@ -155,7 +162,7 @@ static int save_state(run_state *s)
     cJSON_AddNumberToObject(o, "wall_seconds", s->wall_before + now_seconds() - s->started);
     cJSON_AddNumberToObject(o, "slowest_step_seconds", s->slowest_step);
     cJSON *lost = cJSON_AddObjectToObject(o, "lost_seconds");
-    for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(lost, elastic_lost_names[i], s->lost[i]);
+    for (int i = 0; i < ELASTIC_LOST_KINDS; i++) cJSON_AddNumberToObject(lost, elastic_lost_names[i], s->lost[i]);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (!text) return tp_fail(TP_ERR_NOMEM, "out of memory writing %s", s->state_path);
@@ -212,13 +219,14 @@ static int state_number(const run_state *s, const cJSON *o, const char *name, do
  * (open_state): each step line at or before the furthest step logged
  * before it. */
 typedef struct {
-    int64_t furthest, recomputed;
+    int64_t furthest, recomputed, count;
 } logged_steps;
 
 static void note_logged_step(void *ctx, const elastic_log_line *line)
 {
     logged_steps *l = ctx;
     if (line->kind != ELASTIC_LOG_STEP) return;
+    l->count++;
     if (line->step <= l->furthest) l->recomputed++;
     else l->furthest = line->step;
 }
@@ -259,7 +267,7 @@ static int load_state(run_state *s)
     const cJSON *lost = cJSON_GetObjectItemCaseSensitive(o, "lost_seconds");
     if (!status && lost && !cJSON_IsObject(lost))
         status = tp_fail(TP_ERR_FORMAT, "%s: \"lost_seconds\": expected an object of seconds", s->state_path);
-    for (int i = 0; !status && lost && i < 5; i++)
+    for (int i = 0; !status && lost && i < ELASTIC_LOST_KINDS; i++) /* startup absent: an older state, 0 */
         status = state_number(s, lost, elastic_lost_names[i], 0, 1e12, 0, 0, &s->lost[i]);
     cJSON_Delete(o);
     if (status) return status;
@@ -421,8 +429,12 @@ static int open_state(run_state *s, const elastic_run_options *o)
      * trainer's log, kept across launches, says how far the run got. */
     elastic_log_follower logged;
     elastic_log_follow(&logged, s->log_path, 0);
-    logged_steps steps = {0, 0};
+    logged_steps steps = {0, 0, 0};
     TP_TRY(elastic_log_read(&logged, note_logged_step, &steps));
+    s->trained = steps.count > 0;
+    s->startup_before = s->lost[LOST_STARTUP];
+    for (int i = 0; i < ELASTIC_LOST_KINDS; i++)
+        if (i != LOST_STARTUP) s->others_before += s->lost[i];
     if (steps.furthest > s->last_step) s->last_step = steps.furthest;
     /* Counted from the log, as the trainer computed them: counted at each
      * relaunch instead (the furthest step less the one resumed from), a
@@ -478,16 +490,39 @@ static int emit(run_state *s, const char *name, cJSON *event);
 static void prune_checkpoints(run_state *s);
 static void note_intact(run_state *s, int64_t step);
 
+/* Before the run's first step every second is lost, whatever it went to:
+ * a wait for capacity below --min-world, an srun step held pending, the
+ * first launch's load, launches that failed before they trained. What no
+ * other share holds (a hang's detection does) is startup: this
+ * orchestrator's time less the other shares it added, on top of what its
+ * predecessors said (state.json). Computed afresh at each call, until the
+ * first step freezes it. Left out, a run that gave up waiting for
+ * capacity, or never got its step, had an effective training time of 100%
+ * for training nothing. */
+static void count_startup(run_state *s)
+{
+    if (s->trained) return;
+    double others = 0;
+    for (int i = 0; i < ELASTIC_LOST_KINDS; i++)
+        if (i != LOST_STARTUP) others += s->lost[i];
+    double rest = now_seconds() - s->started - (others - s->others_before);
+    s->lost[LOST_STARTUP] = s->startup_before + (rest > 0 ? rest : 0);
+}
+
 /* The first step of a launch: it resumed (and resharded at load when the
  * layout changed); the time from the launch to here was lost to reshard
- * (the trainer's load time, when it resharded) and relaunch (the rest). */
+ * (the trainer's load time, when it resharded) and relaunch (the rest);
+ * the run's first step ends its startup (count_startup), which holds them. */
 static void first_step_seen(launch_watch *w)
 {
     run_state *s = w->s;
     double to_first = w->first_step_time - w->launched, load = w->reshard ? w->load_seconds : 0;
-    if (s->launches > 1) {
+    if (s->trained) {
         s->lost[LOST_RESHARD] += load;
         s->lost[LOST_RELAUNCH] += to_first - load > 0 ? to_first - load : 0;
+    } else {
+        count_startup(s);
+        s->trained = 1;
     }
     if (w->reshard) {
         cJSON *e = cJSON_CreateObject();
@@ -1130,8 +1165,10 @@ static int wait_for_capacity(run_state *s, elastic_capacity *capacity, char *why
 
 static void fill_summary(run_state *s, elastic_summary *out, int finished)
 {
+    count_startup(s);
     memset(out, 0, sizeof *out);
     out->finished = finished;
+    out->trained = s->trained;
     out->step = s->last_step;
     out->launches = s->launches;
     out->restarts = s->restarts;
@@ -1139,8 +1176,8 @@ static void fill_summary(run_state *s, elastic_summary *out, int finished)
     out->steps_recomputed = s->steps_recomputed;
     out->wall_seconds = s->wall_before + now_seconds() - s->started;
     double lost = 0;
-    for (int i = 0; i < 5; i++) lost += out->lost_seconds[i] = s->lost[i];
-    out->training_seconds = out->wall_seconds - lost > 0 ? out->wall_seconds - lost : 0;
+    for (int i = 0; i < ELASTIC_LOST_KINDS; i++) lost += out->lost_seconds[i] = s->lost[i];
+    out->training_seconds = s->trained && out->wall_seconds - lost > 0 ? out->wall_seconds - lost : 0;
 }
 
 /* A stop asked for (SIGINT, SIGTERM, SIGHUP) while no trainer runs: the
@@ -1179,10 +1216,11 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     *status_out = TP_OK;
     double waiting = now_seconds();
     int waited = wait_for_capacity(s, &capacity, why, sizeof why);
-    /* After a launch, time waiting for capacity is time without training:
-     * left out, it counted as training (an ETTR of 93% for a run that had
-     * trained 83% of its wall time). */
-    if (s->launches > 0) s->lost[LOST_RELAUNCH] += now_seconds() - waiting;
+    /* Once the run has trained, time waiting for capacity is time without
+     * training, lost to relaunch: left out, it counted as training (an
+     * ETTR of 93% for a run that had trained 83% of its wall time). Before
+     * the first step it is startup's (count_startup). */
+    if (s->trained) s->lost[LOST_RELAUNCH] += now_seconds() - waiting;
     if (waited == CAPACITY_STOPPED) return stopped_while_idle(s, summary);
     if (waited == CAPACITY_GAVE_UP) return *status_out = give_up(s, summary, why), 1;
     elastic_layout layout;
@@ -1238,7 +1276,7 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
             return emit(s, "finished", cJSON_CreateObject()), 1;
         }
     }
-    if (s->launches > 0) s->lost[LOST_SELECTION] += now_seconds() - selecting;
+    if (s->trained) s->lost[LOST_SELECTION] += now_seconds() - selecting;
     int reshard = have_checkpoint && (chosen.tp != layout.tp || chosen.pp != layout.pp);
     s->tp = layout.tp;
     s->pp = layout.pp;
@@ -1268,6 +1306,16 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
     s->launch_start = 0;
     char exit_text[128];
     describe_exit(wait_status, exit_text, sizeof exit_text);
+    /* A launch that ended before its first step trained nothing: its time
+     * (less a hang's allowance, detection's) is lost to relaunch, as a wait
+     * below --min-world is, once the run has trained (before, startup
+     * holds it): a step Slurm held pending until it ended, a launcher that
+     * failed, a trainer that died loading. A launch that stepped counts its
+     * time to the first step there (first_step_seen). Before, only a
+     * pending one was counted: the load of a relaunch that then failed
+     * counted as training. */
+    if (w.first_step < 0 && s->trained && now_seconds() - w.launched > detection)
+        s->lost[LOST_RELAUNCH] += now_seconds() - w.launched - detection;
     if (end == END_FINISHED && w.last_step >= o->steps) {
         prune_checkpoints(s);
         fill_summary(s, summary, 1);
@@ -1282,12 +1330,6 @@ static int round_once(run_state *s, elastic_summary *summary, int *status_out)
         cJSON_AddNumberToObject(e, "step", (double)w.last_step);
         return emit(s, "stopped", e), 1;
     }
-    /* A launch whose step Slurm held pending until it ended: the wait was
-     * for capacity, lost to relaunch as a wait below --min-world is (after
-     * the run's first launch); a step that started counts it with its time
-     * to the first step (first_step_seen). */
-    if ((end == END_SCALE || end == END_PENDING) && w.first_step < 0 && s->launches > 1)
-        s->lost[LOST_RELAUNCH] += now_seconds() - w.launched;
     if (end == END_PENDING) {
         snprintf(why, sizeof why,
                  "srun's job step stayed pending for the %.0f s of --capacity-wait: Slurm had no free CPUs in the "
@@ -1450,6 +1492,7 @@ int elastic_run(const elastic_run_options *o, elastic_summary *summary)
     if (!status) {
         cJSON *sum = cJSON_CreateObject();
         cJSON_AddBoolToObject(sum, "finished", summary->finished);
+        cJSON_AddBoolToObject(sum, "trained", summary->trained);
         cJSON_AddNumberToObject(sum, "step", (double)summary->step);
         cJSON_AddNumberToObject(sum, "launches", summary->launches);
         cJSON_AddNumberToObject(sum, "restarts", summary->restarts);
@@ -1459,7 +1502,7 @@ int elastic_run(const elastic_run_options *o, elastic_summary *summary)
         cJSON_AddNumberToObject(sum, "training_seconds", summary->training_seconds);
         cJSON_AddNumberToObject(sum, "ettr", summary->wall_seconds > 0 ? summary->training_seconds / summary->wall_seconds : 0);
         cJSON *lost = cJSON_AddObjectToObject(sum, "lost_seconds");
-        for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(lost, elastic_lost_names[i], summary->lost_seconds[i]);
+        for (int i = 0; i < ELASTIC_LOST_KINDS; i++) cJSON_AddNumberToObject(lost, elastic_lost_names[i], summary->lost_seconds[i]);
         if (summary->reason[0]) cJSON_AddStringToObject(sum, "reason", summary->reason);
         status = emit(&s, "summary", sum);
         if (!status) status = save_state(&s);

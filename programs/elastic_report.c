@@ -33,7 +33,9 @@ static const char report_usage[] =
     "Draws the loss over steps of every launch of a run kept by `tp-elastic run` (its --state-dir's\n"
     "train.jsonl: RUN_DIR/elastic, or $TMPDIR/tp-elastic-HASH for a RUN_DIR in an object store),\n"
     "marking failures, hangs, reshards and scale changes (from the events) and where the loss went\n"
-    "non-finite, with gnuplot; prints the summary.\n"
+    "non-finite, with gnuplot; prints the summary (its time lost by share, startup the time before the\n"
+    "first step; the effective training time, \"none\" for a run that never trained), also when there is\n"
+    "nothing to draw.\n"
     "\n"
     "  -o, --output FILE    the picture, a local file; it appears whole or not at all (written under a\n"
     "                       staging name beside it, renamed into place); never inside a checkpoint\n"
@@ -131,7 +133,8 @@ static int write_losses(const cJSON *log, const char *log_path, FILE *f, loss_da
         fprintf(f, "%.0f %.9g\n", step, loss->valuedouble);
     }
     d->launches = launch;
-    if (!d->steps) return tp_fail(TP_ERR_NOT_FOUND, "%s holds no steps", log_path);
+    if (!d->steps)
+        return tp_fail(TP_ERR_NOT_FOUND, "%s holds no steps: the run trained none, there is no loss to draw", log_path);
     if (!d->blocks)
         return tp_fail(TP_ERR_FORMAT, "%s: none of its %lld steps has a finite loss (null from step %lld on, "
                        "launch %d): nothing finite to plot; the run diverged", log_path, (long long)d->steps,
@@ -174,10 +177,22 @@ static void write_marks(const cJSON *events, const loss_data *d, FILE *script)
     }
 }
 
+/* A figure of the summary, or "(not recorded)" when it has none: a summary
+ * of an earlier tp-elastic lacks the later ones (startup, trained), and a
+ * missing number printed as -1 ("-100.0%"). */
+static void print_figure(const char *name, const cJSON *o, const char *field, double scale, const char *format_unit)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
+    printf("%-22s ", name);
+    if (cJSON_IsNumber(v)) printf(format_unit, scale * v->valuedouble);
+    else printf("(not recorded)");
+    printf("\n");
+}
+
 static void print_summary(const cJSON *events)
 {
     const cJSON *e, *summary = NULL;
-    int failures = 0, hangs = 0, reshards = 0, scales = 0;
+    int failures = 0, hangs = 0, reshards = 0, scales = 0, waits = 0;
     cJSON_ArrayForEach(e, events)
     {
         const char *name = str(e, "event");
@@ -185,26 +200,38 @@ static void print_summary(const cJSON *events)
         hangs += strcmp(name, "hang") == 0;
         reshards += strcmp(name, "reshard") == 0;
         scales += strcmp(name, "scale_change") == 0;
+        waits += strcmp(name, "waiting_for_capacity") == 0 || strcmp(name, "step_pending") == 0;
         if (strcmp(name, "summary") == 0) summary = e;
         /* A later orchestrator's start makes an earlier summary stale: it
          * was printed as the run's (finished, at an earlier --steps' last
          * step) while a tp-elastic killed since had gone on. */
         if (strcmp(name, "orchestrator_start") == 0) summary = NULL;
     }
-    printf("failures %d, hangs %d, reshards %d, scale changes %d\n", failures, hangs, reshards, scales);
+    printf("failures %d, hangs %d, reshards %d, scale changes %d, waits for capacity %d\n", failures, hangs, reshards,
+           scales, waits);
     if (!summary) {
         printf("no summary yet (the run's latest tp-elastic has not ended, or was killed)\n");
         return;
     }
     printf("%-22s %s\n", "finished", cJSON_IsTrue(cJSON_GetObjectItem(summary, "finished")) ? "yes" : "no");
-    printf("%-22s %.0f\n", "last step", num(summary, "step"));
-    printf("%-22s %.0f\n", "launches", num(summary, "launches"));
-    printf("%-22s %.0f\n", "restarts", num(summary, "restarts"));
-    printf("%-22s %.0f\n", "steps recomputed", num(summary, "steps_recomputed"));
-    printf("%-22s %.1f s\n", "wall time", num(summary, "wall_seconds"));
+    print_figure("last step", summary, "step", 1, "%.0f");
+    print_figure("launches", summary, "launches", 1, "%.0f");
+    print_figure("restarts", summary, "restarts", 1, "%.0f");
+    print_figure("steps recomputed", summary, "steps_recomputed", 1, "%.0f");
+    print_figure("wall time", summary, "wall_seconds", 1, "%.1f s");
     const cJSON *lost = cJSON_GetObjectItem(summary, "lost_seconds");
-    for (int i = 0; i < 5; i++) printf("lost: %-16s %.1f s\n", elastic_lost_names[i], num(lost, elastic_lost_names[i]));
-    printf("%-22s %.1f%%\n", "effective training", 100 * num(summary, "ettr"));
+    for (int i = 0; i < ELASTIC_LOST_KINDS; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "lost: %s", elastic_lost_names[i]);
+        print_figure(name, lost, elastic_lost_names[i], 1, "%.1f s");
+    }
+    /* A run that trained no step (it gave up waiting for capacity, its
+     * step stayed pending, every launch failed loading) has no effective
+     * training time: before, it said 100%. */
+    if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(summary, "trained")))
+        printf("%-22s none: never trained (no step in the trainer's log)\n", "effective training");
+    else print_figure("effective training", summary, "ettr", 100, "%.1f%%");
+    if (*str(summary, "reason")) printf("%-22s %s\n", "reason", str(summary, "reason"));
 }
 
 /* ------------------------------------------------------------- the mark */
@@ -409,7 +436,17 @@ int elastic_report_main(int argc, char **argv)
     cJSON *log = NULL, *events = NULL;
     int unreadable = 0;
     int status = read_lines(log_path, &log, &unreadable);
-    if (!status) status = read_lines(events_path, &events, NULL);
+    if (status) {
+        /* No log (a run that never launched the trainer: it gave up waiting
+         * for capacity): nothing to draw, but the events' summary says what
+         * became of the run; read for it, the log's error kept. */
+        char why[2048];
+        snprintf(why, sizeof why, "%s", tp_errmsg());
+        if (read_lines(events_path, &events, NULL)) events = NULL;
+        status = tp_fail(status, "%s", why);
+    } else {
+        status = read_lines(events_path, &events, NULL);
+    }
     if (!status && unreadable)
         fprintf(stderr, "%s: warning: %s: %d lines are not JSON, left out (a line being written; or NaN losses "
                 "written as nan by an older tp-train)\n", PROGRAM, log_path, unreadable);
@@ -452,6 +489,8 @@ int elastic_report_main(int argc, char **argv)
                     "logged have no finite loss and are not drawn\n", PROGRAM, (long long)losses.first_nonfinite,
                     losses.first_nonfinite_launch, (long long)losses.nonfinite_steps, (long long)losses.steps);
         print_summary(events);
+    } else if (events) {
+        print_summary(events); /* what the run came to, said even when nothing could be drawn */
     }
     unlink(data);
     unlink(script);

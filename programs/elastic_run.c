@@ -350,14 +350,18 @@ int elastic_run_main(int argc, char **argv)
     if (elastic_run(&o, &s)) return cli_error(PROGRAM, "%s", tp_errmsg());
     if (p.terminal) fputs("\r\033[K", stderr);
     double lost = 0;
-    for (int i = 0; i < 5; i++) lost += s.lost_seconds[i];
+    for (int i = 0; i < ELASTIC_LOST_KINDS; i++) lost += s.lost_seconds[i];
     printf("%s at step %lld: %d launch%s, %d restart%s, %d scale change%s, %lld step%s recomputed\n",
            s.finished ? "finished" : "stopped", (long long)s.step, s.launches, s.launches == 1 ? "" : "es", s.restarts,
            s.restarts == 1 ? "" : "s", s.scale_changes, s.scale_changes == 1 ? "" : "s", (long long)s.steps_recomputed,
            s.steps_recomputed == 1 ? "" : "s");
     printf("wall %.1f s, lost %.1f s (", s.wall_seconds, lost);
-    for (int i = 0; i < 5; i++) printf("%s%s %.1f s", i ? ", " : "", elastic_lost_names[i], s.lost_seconds[i]);
-    printf("), effective training time %.1f%%\n", s.wall_seconds > 0 ? 100 * s.training_seconds / s.wall_seconds : 0);
+    for (int i = 0; i < ELASTIC_LOST_KINDS; i++)
+        printf("%s%s %.1f s", i ? ", " : "", elastic_lost_names[i], s.lost_seconds[i]);
+    /* A run that trained no step has no effective training time: not the
+     * 100% of a wall time of which nothing else was said lost. */
+    if (!s.trained) printf("), effective training time none (no step trained)\n");
+    else printf("), effective training time %.1f%%\n", s.wall_seconds > 0 ? 100 * s.training_seconds / s.wall_seconds : 0);
     if (!s.finished && s.reason[0]) cli_error(PROGRAM, "%s", s.reason);
     return s.finished ? 0 : s.usage_error ? 2 : 1;
 }

@@ -43,6 +43,20 @@ print(max([r["step"] for r in lines[:starts[1]] if r.get("event") == "save"] + [
 check "kill -9: at most the steps since the newest committed checkpoint (step $saved) recomputed" \
     [ "$(summary_field "$R" steps_recomputed)" -le $((25 - saved)) ]
 check "kill -9: no trainer left running" nothing_left "$R"
+# The time shares, judged by the events' clock: the first launch's time to
+# its first step is startup (the run trained nothing before it), the shares
+# and the training add up to the wall time, and the ETTR is their ratio.
+check "kill -9: the wall time is training plus the lost shares, startup the first launch's load" "$PY" -c '
+import json, sys
+events = [json.loads(l) for l in open(sys.argv[1])]
+s = [e for e in events if e["event"] == "summary"][-1]
+lost = s["lost_seconds"]
+first_launch = next(e["time"] for e in events if e["event"] == "launch")
+start = next(e["time"] for e in events if e["event"] == "orchestrator_start")
+assert s["trained"] is True and 0 < s["ettr"] < 1, s
+assert lost["startup"] >= first_launch - start - 0.01 and lost["startup"] > 0, s
+assert abs(s["training_seconds"] + sum(lost.values()) - s["wall_seconds"]) < 0.05, s
+assert abs(s["ettr"] - s["training_seconds"] / s["wall_seconds"]) < 1e-9, s' "$R/elastic/events.jsonl"
 
 
 # ------------------------------- a checkpoint the store cannot read is no rejection
@@ -184,6 +198,19 @@ expect_error "pending for good: given up after --capacity-wait" 1 \
 check_all "pending for good: one launch, no hang, no failure" \
     '[ "$(events "$R" launch)" -eq 1 ] && [ "$(events "$R" hang)" -eq 0 ] && [ "$(events "$R" failure)" -eq 0 ]'
 check "pending for good: nothing left running" nothing_left "$R"
+# The first launch's step pending until given up: nothing trained, its wait
+# lost (startup). Before, a wait of the first launch was counted nowhere:
+# an effective training time of 100%.
+check "pending for good: never trained, the pending wait lost to startup, no ETTR" "$PY" -c '
+import json, sys
+events = [json.loads(l) for l in open(sys.argv[1])]
+s = [e for e in events if e["event"] == "summary"][-1]
+pending = next(e["time"] for e in events if e["event"] == "step_pending")
+gave_up = next(e["time"] for e in events if e["event"] == "give_up")
+assert s["trained"] is False and s["ettr"] == 0 and s["training_seconds"] == 0, s
+assert s["lost_seconds"]["startup"] >= gave_up - pending >= 2, (s, gave_up - pending)' "$R/elastic/events.jsonl"
+check "pending for good: tp-elastic run says no effective training time" \
+    grep -q "effective training time none (no step trained)$" "$WORK/.out"
 
 # What the planner and the report make of the run.
 expect_ok "plan --ckpt: the model and layout of a run" "$ELASTIC" plan --world 3 --ckpt "$WORK/kill" --global-batch 12

@@ -99,6 +99,74 @@ grep '"event"' "$R/elastic/train.jsonl" >"$N/elastic/train.jsonl"
 expect_error "report: a log without steps" 1 "no-steps/elastic/train.jsonl holds no steps" \
     "$ELASTIC" report "$N" -o "$WORK/no-steps.svg"
 
+# ------------------------------------------------- runs that never trained
+# Capacity below --min-world for the whole --capacity-wait: given up before
+# any launch. The wait is time lost (startup: before the run's first step),
+# and a run that trained nothing has no effective training time. Before, a
+# wait before the first launch was counted nowhere: "effective training
+# time 100.0%", and the report, finding no trainer's log, said nothing of
+# the summary. No trainer runs: no MPI needed.
+U="$WORK/untrained"
+echo 1 >"$WORK/world.one"
+ELASTIC_TRAIN="--model tiny --quiet --steps 4 --global-batch 4"
+expect_error "capacity that never comes: given up before any launch" 1 "capacity stayed below --min-world 2 for [0-9]+ s" \
+    "$ELASTIC" run --ckpt-dir "$U" --world-file "$WORK/world.one" --min-world 2 --capacity-wait 2 -- "$TRAIN" $ELASTIC_TRAIN
+check "never trained: tp-elastic run says no effective training time" \
+    grep -q "effective training time none (no step trained)$" "$WORK/.out"
+# The judge: the events' own clock. The wait (orchestrator_start to
+# give_up) is in startup, the shares add up to the wall time, no training.
+check "never trained: the summary: trained false, ETTR 0, the wait lost to startup" "$PY" -c '
+import json, sys
+events = [json.loads(l) for l in open(sys.argv[1])]
+start = next(e["time"] for e in events if e["event"] == "orchestrator_start")
+gave_up = next(e["time"] for e in events if e["event"] == "give_up")
+s = [e for e in events if e["event"] == "summary"][-1]
+assert s["trained"] is False and s["ettr"] == 0 and s["training_seconds"] == 0, s
+lost = s["lost_seconds"]
+assert lost["startup"] >= gave_up - start - 0.01 and gave_up - start >= 2, (lost, gave_up - start)
+assert abs(sum(lost.values()) - s["wall_seconds"]) < 0.05, s' "$U/elastic/events.jsonl"
+expect_error "report of a run that never launched: the missing log named" 1 "untrained/elastic/train.jsonl" \
+    "$ELASTIC" report "$U" -o "$WORK/untrained.svg"
+check_all "report: the summary still said: ETTR none, the wait as startup, why it gave up" \
+    'grep -Eq "^effective training +none: never trained" "$WORK/.out" &&
+     grep -Eq "^lost: startup +([2-9]|[1-9][0-9])\.[0-9] s$" "$WORK/.out" &&
+     grep -Eq "^reason +capacity stayed below --min-world 2" "$WORK/.out" &&
+     grep -Eq "waits for capacity 1$" "$WORK/.out" && ! grep -q "%" "$WORK/.out"'
+check "report: nothing written" test ! -e "$WORK/untrained.svg"
+
+# Stopped (SIGTERM) while it waits for capacity, before any step: nothing
+# trained, the wait lost. Before: 100%, the wait counted nowhere.
+T="$WORK/stopped-early"
+"$ELASTIC" run --ckpt-dir "$T" --world-file "$WORK/world.one" --min-world 2 --capacity-wait 60 -- "$TRAIN" \
+    $ELASTIC_TRAIN >"$WORK/stopped.out" 2>"$WORK/stopped.err" &
+stopped_pid=$!
+for i in $(seq 50); do grep -q waiting_for_capacity "$T/elastic/events.jsonl" 2>/dev/null && break; sleep 0.1; done
+sleep 1
+kill -TERM $stopped_pid
+wait $stopped_pid
+check "stopped before the first step: exit 1, no effective training time" \
+    sh -c '[ $1 -eq 1 ] && grep -q "effective training time none (no step trained)$" "$2"' sh $? "$WORK/stopped.out"
+check "stopped before the first step: the second waited lost to startup" "$PY" -c '
+import json, sys
+s = [json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][-1]
+assert s["trained"] is False and s["ettr"] == 0 and s["lost_seconds"]["startup"] >= 1, s
+assert s["reason"] == "stopped on request", s' "$T/elastic/events.jsonl"
+
+# A run continued by a later orchestrator into a state directory of its
+# own (the log starts mid-run: no start line), whose summary is an older
+# tp-elastic's: without startup, trained and ettr. Figures it lacks are
+# said so; before, each printed as -1 ("-1.0 s", "-100.0%").
+M="$WORK/midrun"
+mkdir -p "$M/elastic"
+grep -v '"event":"start"' "$R/elastic/train.jsonl" >"$M/elastic/train.jsonl"
+printf '%s\n' '{"event":"orchestrator_start","steps":6,"time":1}' \
+    '{"event":"summary","finished":false,"step":2,"launches":1,"restarts":0,"steps_recomputed":0,"wall_seconds":10,"lost_seconds":{"detection":0,"selection":0,"reshard":0,"relaunch":0,"lost_work":0},"time":2}' \
+    >"$M/elastic/events.jsonl"
+expect_ok "report of a log that starts mid-run, an older summary" "$ELASTIC" report "$M" -o "$WORK/midrun.svg"
+check_all "report: what the older summary lacks is said not recorded, never -1" \
+    'grep -Eq "^lost: startup +\(not recorded\)$" "$WORK/.out" && grep -Eq "^effective training +\(not recorded\)$" "$WORK/.out" &&
+     grep -Eq "^lost: detection +0\.0 s$" "$WORK/.out" && grep -Eq "loss curve of 1 launch$" "$WORK/.out" && ! grep -Eq -- "-100\.0%|-1\.0 s" "$WORK/.out"'
+
 # ---------------------------------------------------------------- the output
 O="$WORK/out"
 mkdir -p "$O"
