@@ -7,11 +7,16 @@
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
+#include "../common/buffer.h"
 #include "../common/error.h"
 #include "../common/parse.h"
 #include "elastic.h"
 
 #define MAX_RANKS_PER_NODE 4096
+/* The most a Slurm command may say (bytes): `scontrol -o show step` of a
+ * job of thousands of steps, `scontrol show job -d` of a thousand nodes and
+ * sinfo of them are a few MiB at most; more is no answer of theirs. */
+#define COMMAND_OUTPUT_MAX (16 << 20)
 
 static int add_node(elastic_capacity *out, const char *name, int ranks, int cpus, const char *source)
 {
@@ -82,30 +87,55 @@ static int read_hostfile(const char *path, elastic_capacity *out)
     return status;
 }
 
-/* Runs a command and reads its output (up to size - 1 bytes, stderr with
- * it). A command that fails is an error saying how, with what it said: its
- * output is no answer. */
-static int command_output(const char *command, char *out, size_t size)
+/* Runs a command and reads all its output (stderr with it) into *out
+ * (malloc'ed, NUL-terminated; free it), up to COMMAND_OUTPUT_MAX bytes. A
+ * command that fails, or says more, is an error saying how, with what it
+ * said: its output is no answer. Read into a fixed buffer, a long answer
+ * (the steps of a job of many steps, the nodes of a large job) was cut,
+ * and the command, its pipe closed, died of SIGPIPE: capacity unknown. */
+static int command_output(const char *command, char **out)
 {
+    *out = NULL;
     char *with_errors = malloc(strlen(command) + 8);
     if (!with_errors) return tp_fail(TP_ERR_NOMEM, "out of memory running '%s'", command);
     sprintf(with_errors, "%s 2>&1", command);
     FILE *p = popen(with_errors, "r");
     free(with_errors);
     if (!p) return tp_fail(TP_ERR_IO, "cannot run '%s': %s", command, strerror(errno));
-    size_t n = fread(out, 1, size - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    if (status == 0) return TP_OK;
-    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == ' ')) out[--n] = '\0';
-    for (char *c = out; *c; c++) /* the message on one line */
+    byte_buffer text = {0};
+    buffer_put(&text, "", 0); /* "" for a command that says nothing */
+    char chunk[65536];
+    size_t n;
+    while (!text.failed && text.size <= COMMAND_OUTPUT_MAX && (n = fread(chunk, 1, sizeof chunk, p)) > 0)
+        buffer_put(&text, chunk, n);
+    int too_long = text.size > COMMAND_OUTPUT_MAX;
+    int status = pclose(p); /* a command still talking, past the limit, ends on SIGPIPE */
+    if (text.failed) {
+        free(text.data);
+        return tp_fail(TP_ERR_NOMEM, "out of memory reading the output of '%s'", command);
+    }
+    if (too_long) {
+        free(text.data);
+        return tp_fail(TP_ERR_IO, "'%s' said more than %d MiB: no answer of Slurm's", command,
+                       COMMAND_OUTPUT_MAX >> 20);
+    }
+    if (status == 0) {
+        *out = text.data;
+        return TP_OK;
+    }
+    n = text.size;
+    char *said = text.data;
+    while (n > 0 && (said[n - 1] == '\n' || said[n - 1] == ' ')) said[--n] = '\0';
+    for (char *c = said; *c; c++) /* the message on one line */
         if ((unsigned char)*c < ' ') *c = ' ';
     char how[64];
     if (status == -1) snprintf(how, sizeof how, "could not be waited for");
     else if (WIFEXITED(status)) snprintf(how, sizeof how, "exit status %d", WEXITSTATUS(status));
     else if (WIFSIGNALED(status)) snprintf(how, sizeof how, "killed by signal %d", WTERMSIG(status));
     else snprintf(how, sizeof how, "wait status %d", status);
-    return tp_fail(TP_ERR_IO, "'%s' failed (%s): %.1000s", command, how, n ? out : "(it said nothing)");
+    status = tp_fail(TP_ERR_IO, "'%s' failed (%s): %.1000s", command, how, n ? said : "(it said nothing)");
+    free(said);
+    return status;
 }
 
 /* The CPUs of a CPU_IDs list of scontrol's ("0-3,8,10-11"): 7 there, -1
@@ -151,14 +181,15 @@ static int count_cpu_ids(const char *ids, size_t length, int threads_per_core, i
 static int slurm_job_cpus(const char *job_id, const int *threads_per_core, elastic_capacity *out,
                           int *cpus_per_task)
 {
-    char detail[65536], command[4200];
+    char *detail = NULL, command[4200];
     *cpus_per_task = 1;
     snprintf(command, sizeof command, "scontrol show job -d %s", job_id);
-    TP_TRY(command_output(command, detail, sizeof detail));
+    TP_TRY(command_output(command, &detail));
     const char *per_task = strstr(detail, "CPUs/Task=");
     if (per_task && atoi(per_task + 10) > 1) *cpus_per_task = atoi(per_task + 10);
     char *lines = NULL;
-    for (char *line = strtok_r(detail, "\n", &lines); line; line = strtok_r(NULL, "\n", &lines)) {
+    int status = TP_OK;
+    for (char *line = strtok_r(detail, "\n", &lines); !status && line; line = strtok_r(NULL, "\n", &lines)) {
         line += strspn(line, " ");
         if (strncmp(line, "Nodes=", 6) != 0) continue;
         char *ids = strstr(line, " CPU_IDs=");
@@ -168,20 +199,22 @@ static int slurm_job_cpus(const char *job_id, const int *threads_per_core, elast
         size_t ids_length = strcspn(ids, " ");
         int cores = 0;
         if (count_cpu_ids(ids, ids_length, 1, &cores) < 1) continue;
-        char list[4096], names[65536];
+        char list[4096], *names = NULL;
         if (list_length >= sizeof list) continue;
         memcpy(list, line + 6, list_length);
         list[list_length] = '\0';
         if (strspn(list, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.,-[]") != list_length) continue;
         snprintf(command, sizeof command, "scontrol show hostnames '%s'", list);
         char *save = NULL;
-        TP_TRY(command_output(command, names, sizeof names));
+        if ((status = command_output(command, &names))) break;
         for (char *name = strtok_r(names, "\n", &save); name; name = strtok_r(NULL, "\n", &save))
             for (int i = 0; i < out->nodes; i++)
                 if (strcmp(out->node_names[i], name) == 0)
                     out->node_cpus[i] = count_cpu_ids(ids, ids_length, threads_per_core[i], &out->node_cores[i]);
+        free(names);
     }
-    return TP_OK;
+    free(detail);
+    return status;
 }
 
 /* The nodes of the allocation as Slurm sees them now (the SLURM_*
@@ -200,33 +233,59 @@ static int check_job_id(const char *job_id)
     return job_id[0] ? TP_OK : tp_fail(TP_ERR_ARG, "no Slurm job id");
 }
 
+/* Runs `before LIST after`, the job's hostlist quoted between (any
+ * length: a command line of a fixed size cut a long one). */
+static int command_on_list(const char *before, const char *list, const char *after, char **out)
+{
+    byte_buffer command = {0};
+    buffer_put_text(&command, before);
+    buffer_put_text(&command, list);
+    buffer_put_text(&command, after);
+    if (command.failed) {
+        free(command.data);
+        return tp_fail(TP_ERR_NOMEM, "out of memory asking Slurm of the nodes %.200s", list);
+    }
+    int status = command_output(command.data, out);
+    free(command.data);
+    return status;
+}
+
+static int slurm_nodes_up(const elastic_capacity_source *source, char *nodes, const char *states,
+                          elastic_capacity *out);
+
 static int read_slurm(const elastic_capacity_source *source, elastic_capacity *out)
 {
     TP_TRY(check_job_id(source->job_id));
-    char list[65536], nodes[65536], command[512 + sizeof list];
+    char *list = NULL, *nodes = NULL, *states = NULL, command[128];
     snprintf(command, sizeof command, "squeue -h -j %s -o %%N", source->job_id);
-    TP_TRY(command_output(command, list, sizeof list));
+    TP_TRY(command_output(command, &list));
     list[strcspn(list, "\n")] = '\0';
+    int status = TP_OK;
     /* a hostlist ("n[1-3,7],gpu-a"), passed to a shell quoted: nothing else */
-    for (const char *c = list; *c; c++)
+    for (const char *c = list; !status && *c; c++)
         if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.,-[]", *c))
-            return tp_fail(TP_ERR_FORMAT, "squeue -j %s: expected the job's node list, got '%.200s'",
-                           source->job_id, list);
-    nodes[0] = '\0';
-    if (list[0]) { /* none: a job that holds no node now (scontrol would read stdin) */
-        snprintf(command, sizeof command, "scontrol show hostnames '%s'", list);
-        TP_TRY(command_output(command, nodes, sizeof nodes));
-    }
+            status = tp_fail(TP_ERR_FORMAT, "squeue -j %s: expected the job's node list, got '%.200s'",
+                             source->job_id, list);
+    /* none: a job that holds no node now (scontrol would read stdin) */
+    if (!status && list[0]) status = command_on_list("scontrol show hostnames '", list, "'", &nodes);
     /* Every node's state in one sinfo of the job's node list: one each
      * (sinfo -n NODE) was a query of the controller per node, every second,
      * the capacity read taking longer than the second it was read in on a
      * large allocation. A line per node and partition: the first counts. */
-    static char states[1 << 20];
-    states[0] = '\0';
-    if (list[0]) {
-        snprintf(command, sizeof command, "sinfo -h -N -n '%s' -o '%%N %%T %%c %%Z'", list);
-        TP_TRY(command_output(command, states, sizeof states));
-    }
+    if (!status && list[0]) status = command_on_list("sinfo -h -N -n '", list, "' -o '%N %T %c %Z'", &states);
+    if (!status && nodes) status = slurm_nodes_up(source, nodes, states, out);
+    free(list);
+    free(nodes);
+    free(states);
+    return status;
+}
+
+/* The nodes of the allocation that are up (nodes: scontrol's names, a
+ * line each, cut up here; states: sinfo's lines "NAME STATE CPUS
+ * THREADS_PER_CORE"), and the ranks each offers. */
+static int slurm_nodes_up(const elastic_capacity_source *source, char *nodes, const char *states,
+                          elastic_capacity *out)
+{
     char *names_left = NULL;
     int threads_per_core[ELASTIC_MAX_NODES]; /* of each node of out */
     for (char *name = strtok_r(nodes, "\n", &names_left); name; name = strtok_r(NULL, "\n", &names_left)) {
@@ -276,13 +335,12 @@ int elastic_slurm_step_pending(const char *job_id, pid_t srun_pid, int *pending,
 {
     *pending = 0;
     TP_TRY(check_job_id(job_id));
-    static char steps[1 << 18];
-    char command[128], host[256] = "", mark[320];
-    snprintf(command, sizeof command, "scontrol -o show step %s", job_id);
-    TP_TRY(command_output(command, steps, sizeof steps));
+    char *steps = NULL, command[128], host[256] = "", mark[320];
     /* srun names itself by its host's short name (Slurm's xshort_hostname) */
     if (gethostname(host, sizeof host - 1) != 0) return tp_fail(TP_ERR_IO, "gethostname: %s", strerror(errno));
     host[strcspn(host, ".")] = '\0';
+    snprintf(command, sizeof command, "scontrol -o show step %s", job_id);
+    TP_TRY(command_output(command, &steps));
     int length = snprintf(mark, sizeof mark, " SrunHost:Pid=%s:%d", host, (int)srun_pid);
     for (char *step = steps, *next; *step; step = next) {
         next = step + strcspn(step, "\n");
@@ -291,8 +349,9 @@ int elastic_slurm_step_pending(const char *job_id, pid_t srun_pid, int *pending,
         if (!at || (at[length] != '\0' && at[length] != ' ')) continue;
         *pending = strstr(step, " State=PENDING") != NULL;
         if (*pending && line) snprintf(line, size, "scontrol show step: %s", step);
-        return TP_OK;
+        break;
     }
+    free(steps);
     return TP_OK;
 }
 

@@ -123,6 +123,8 @@ static int count_args(char **argv)
     return n;
 }
 
+static int has_entry(char **list, const char *entry);
+
 static int has_pair(char **argv, const char *a, const char *b)
 {
     for (int i = 0; argv[i] && argv[i + 1]; i++)
@@ -319,6 +321,59 @@ Test(elastic, slurm_step_pending_is_this_sruns)
     cr_assert_eq(refused, TP_ERR_ARG, "a job id that is not a number goes into no command");
 }
 
+/* Slurm's answers of a large job are long: the steps of a job of
+ * thousands of steps, `scontrol show job -d` of many nodes, sinfo of a
+ * thousand nodes. Read into fixed buffers (256 KiB, 64 KiB, 1 MiB), they
+ * were cut and the command died of SIGPIPE: the capacity unreadable, the
+ * pending step not seen. Read whole now, up to 16 MiB; more is refused,
+ * saying so. */
+static void write_repeated(const char *path, const char *line, int times, const char *last)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s", path);
+    for (int i = 0; i < times; i++) fprintf(f, line, i);
+    fputs(last, f);
+    fclose(f);
+}
+
+Test(elastic, slurm_long_answers_are_read_whole, .timeout = 60)
+{
+    char old_path[4096], steps[600], job[600], nodes[600], host[256] = "", last[1024], line[512] = "";
+    fake_slurm(old_path, sizeof old_path);
+    cr_assert_eq(gethostname(host, sizeof host - 1), 0);
+    host[strcspn(host, ".")] = '\0';
+    /* 20000 running steps (2.6 MB), then this srun's pending one */
+    snprintf(steps, sizeof steps, "%s/steps", dir);
+    snprintf(last, sizeof last, "StepId=77.TDB UserId=0 State=PENDING NodeList=n[1-2] CPUs=4 Tasks=4 "
+             "SrunHost:Pid=%s:4242\n", host);
+    write_repeated(steps, "StepId=77.%d UserId=0 State=RUNNING NodeList=n[1-2] CPUs=1 Tasks=1 Name=sleep "
+                   "SrunHost:Pid=other:1\n", 20000, last);
+    int pending = -1;
+    int status = elastic_slurm_step_pending("77", 4242, &pending, line, sizeof line);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(pending, 1, "the pending step after 2.6 MB of others");
+    /* sinfo of 40000 other nodes (1.2 MB) before the job's; show job -d
+     * with 100 KB of comment before its nodes' CPUs */
+    snprintf(nodes, sizeof nodes, "%s/nodes", dir);
+    write_repeated(nodes, "other%05d idle 8 1\n", 40000, "n1 idle 8 2\nn2 idle 8 2\n");
+    snprintf(job, sizeof job, "%s/job", dir);
+    write_repeated(job, "   Comment=%08d\n", 5000, "   CPUs/Task=1\n     Nodes=n[1-2] CPU_IDs=0-3 Mem=0\n");
+    elastic_capacity_source source = {.kind = ELASTIC_CAPACITY_SLURM, .job_id = "77"};
+    elastic_capacity c;
+    status = elastic_capacity_read(&source, &c);
+    cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(c.nodes, 2);
+    cr_assert_eq(c.node_cpus[0], 4, "the job's CPUs 0-3 of n1, read past 100 KB: %d", c.node_cpus[0]);
+    cr_assert_eq(c.world, 4, "2 cores of the job on each node: %d", c.world);
+    /* past 16 MiB: no answer of Slurm's, said so */
+    write_repeated(steps, "%063d\n", (16 << 20) / 64 + 1, "");
+    status = elastic_slurm_step_pending("77", 4242, &pending, NULL, 0);
+    setenv("PATH", old_path, 1);
+    cr_assert_eq(status, TP_ERR_IO, "%s", tp_status_name(status));
+    cr_assert(strstr(tp_errmsg(), "'scontrol -o show step 77' said more than 16 MiB"), "%s", tp_errmsg());
+}
+
+
 Test(elastic, mpirun_command_line)
 {
     char *train[] = {"tp-train", "--model", "tiny", NULL};
@@ -385,6 +440,45 @@ Test(elastic, srun_command_line)
     }
     cr_assert(pmix && kill_on_bad_exit);
     elastic_argv_free(argv);
+}
+
+/* A rank a core (the capacity's plan): each task has a core's CPUs in the
+ * step (the job's CPUs on a node over its tasks there: 8 over 4, the
+ * least of the nodes used) and is bound to cores where Slurm binds
+ * (task/affinity). Before, srun had a CPU a task and no binding: on nodes
+ * of 2 threads a core, two ranks on one core's threads. */
+Test(elastic, srun_gives_each_rank_its_cores)
+{
+    char *train[] = {"tp-train", NULL};
+    elastic_capacity c = {.world = 10, .nodes = 3, .node_names = {"n1", "n2", "n3"}, .node_ranks = {4, 4, 2},
+                          .node_cpus = {8, 8, 4}};
+    elastic_launch l = {ELASTIC_LAUNCHER_SRUN, NULL, 8, &c, train, dir};
+    char **argv = NULL;
+    cr_assert_eq(elastic_launch_argv(&l, &argv), TP_OK, "%s", tp_errmsg());
+    cr_assert(has_entry(argv, "--cpu-bind=cores"));
+    cr_assert(has_entry(argv, "--cpus-per-task=2"), "8 CPUs a node over its 4 ranks");
+    cr_assert(has_pair(argv, "-N", "2"));
+    elastic_argv_free(argv);
+    l.ranks = 10; /* n3 too: 4 CPUs over 2 ranks */
+    cr_assert_eq(elastic_launch_argv(&l, &argv), TP_OK, "%s", tp_errmsg());
+    cr_assert(has_entry(argv, "--cpus-per-task=2"));
+    elastic_argv_free(argv);
+    c.node_cpus[2] = 3; /* 3 CPUs over 2 ranks: 1 each, the least, for every node */
+    cr_assert_eq(elastic_launch_argv(&l, &argv), TP_OK, "%s", tp_errmsg());
+    for (char **a = argv; *a; a++) cr_assert(strncmp(*a, "--cpus-per-task", 15) != 0, "%s", *a);
+    elastic_argv_free(argv);
+    /* --ranks-per-node over the CPUs, or CPUs unknown: srun's default */
+    elastic_capacity over = {.world = 8, .nodes = 2, .node_names = {"n1", "n2"}, .node_ranks = {4, 4},
+                             .node_cpus = {2, 2}};
+    elastic_capacity unknown = {.world = 8, .nodes = 2, .node_names = {"n1", "n2"}, .node_ranks = {4, 4}};
+    const elastic_capacity *neither[] = {&over, &unknown};
+    for (int k = 0; k < 2; k++) {
+        elastic_launch m = {ELASTIC_LAUNCHER_SRUN, NULL, 8, neither[k], train, dir};
+        cr_assert_eq(elastic_launch_argv(&m, &argv), TP_OK, "%s", tp_errmsg());
+        cr_assert(has_entry(argv, "--cpu-bind=cores"));
+        for (char **a = argv; *a; a++) cr_assert(strncmp(*a, "--cpus-per-task", 15) != 0, "%d: %s", k, *a);
+        elastic_argv_free(argv);
+    }
 }
 
 /* Whether the NULL-terminated list holds the entry. */
