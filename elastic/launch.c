@@ -96,6 +96,25 @@ static int write_hostfile(const elastic_launch *l, char *path, size_t path_size)
     return TP_OK;
 }
 
+/* The CPUs each srun task is given: the job's CPUs on each node used over
+ * the tasks placed there, the least of them (a step must fit every node):
+ * every CPU of the cores the plan gave the rank (elastic_capacity_read: a
+ * core, or --threads cores). srun's default is a CPU a task, which Slurm
+ * (CR_Core) rounds up to one core: a rank of tp-train --threads 2, bound
+ * to its cores (--cpu-bind=cores), ran its two threads on one. 0 when a
+ * node's CPUs are unknown (not Slurm's capacity) or fewer than its tasks
+ * (--ranks-per-node over them): srun's default. */
+static int srun_cpus_per_task(const elastic_capacity *c, const int *per_node, int used)
+{
+    int least = 0;
+    for (int i = 0; i < used; i++) {
+        if (c->node_cpus[i] <= 0 || per_node[i] <= 0) return 0;
+        int each = c->node_cpus[i] / per_node[i];
+        if (i == 0 || each < least) least = each;
+    }
+    return least;
+}
+
 int elastic_launch_argv(const elastic_launch *l, char ***out)
 {
     *out = NULL;
@@ -124,6 +143,19 @@ int elastic_launch_argv(const elastic_launch *l, char ***out)
         push(&b, "--kill-on-bad-exit=1");
         push(&b, "-n");
         push_int(&b, l->ranks);
+        /* The plan's cores a rank: each task bound to its cores where Slurm
+         * binds (task/affinity), over a site's default binding (CpuBind,
+         * TaskPluginParam: threads). srun(1): --cpu-bind is "used only when
+         * the task/affinity plugin is enabled"; under task/none (the test
+         * cluster) srun says "cluster configuration lacks support for cpu
+         * binding" and runs the step unbound, as before. */
+        push(&b, "--cpu-bind=cores");
+        int cpus_per_task = srun_cpus_per_task(l->capacity, per_node, used);
+        if (cpus_per_task > 1) {
+            char setting[64];
+            snprintf(setting, sizeof setting, "--cpus-per-task=%d", cpus_per_task);
+            push(&b, setting);
+        }
         if (used > 0) {
             char list[ELASTIC_MAX_NODES * 65] = "";
             for (int i = 0; i < used; i++) {
