@@ -338,6 +338,10 @@ static size_t on_header(char *data, size_t size, size_t count, void *ctx)
     const char *parsed = date[0] ? strptime(date, "%a, %d %b %Y %H:%M:%S GMT", &tm) : NULL;
     if (parsed && !*parsed) t->response->server_time = (int64_t)timegm(&tm);
     header_value(data, n, "x-amz-bucket-region", t->response->bucket_region, sizeof t->response->bucket_region);
+    header_value(data, n, "x-amz-server-side-encryption", t->response->encryption, sizeof t->response->encryption);
+    char customer[64] = "";
+    header_value(data, n, "x-amz-server-side-encryption-customer-algorithm", customer, sizeof customer);
+    if (customer[0]) snprintf(t->response->encryption, sizeof t->response->encryption, "SSE-C");
     return n;
 }
 
@@ -511,6 +515,7 @@ static int attempt_once(CURL *curl, const http_request *q, http_response *r, CUR
     r->content_length = -1;
     r->etag[0] = '\0';
     r->bucket_region[0] = '\0';
+    r->encryption[0] = '\0';
     r->error_in_ok = 0;
     r->server_time = 0;
     r->range_first = r->range_last = r->range_total = -1;

@@ -65,6 +65,12 @@ typedef struct {
     int64_t range_first, range_last, range_total;
     char error_body[1024]; /* the start of the body of an answer other than 2xx */
     char bucket_region[64]; /* S3's x-amz-bucket-region header (the bucket's region); "" without one */
+    /* S3's encryption of the object an answer names: its
+     * x-amz-server-side-encryption ("AES256", "aws:kms", "aws:kms:dsse"),
+     * or "SSE-C" where it names a customer's key
+     * (x-amz-server-side-encryption-customer-algorithm); "" without either.
+     * The ETag of an object encrypted with aws:kms or SSE-C is no MD5. */
+    char encryption[64];
     int error_in_ok;        /* a 2xx carrying an <Error> (ok_may_carry_error), its start in error_body */
     int attempts;
     /* Of those, the attempts sent that got no whole answer (a connection

@@ -41,14 +41,26 @@ int md5_file_range(const char *path, int64_t offset, int64_t length, unsigned ch
     return status;
 }
 
+void md5_bytes(const void *data, size_t size, unsigned char digest[MD5_BYTES])
+{
+    unsigned int n = 0;
+    EVP_Digest(data, size, digest, &n, EVP_md5(), NULL);
+}
+
+void md5_etag(const unsigned char digest[MD5_BYTES], char *out, size_t size)
+{
+    char hex[2 * MD5_BYTES + 1];
+    for (int i = 0; i < MD5_BYTES; i++) snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+    snprintf(out, size, "\"%s\"", hex);
+}
+
 void md5_multipart_etag(const unsigned char (*digests)[MD5_BYTES], int64_t parts, char *out, size_t size)
 {
     unsigned char whole[MD5_BYTES];
-    unsigned int n = 0;
-    EVP_Digest(digests, (size_t)parts * MD5_BYTES, whole, &n, EVP_md5(), NULL);
-    char hex[2 * MD5_BYTES + 1];
-    for (int i = 0; i < MD5_BYTES; i++) snprintf(hex + 2 * i, 3, "%02x", whole[i]);
-    snprintf(out, size, "\"%s-%lld\"", hex, (long long)parts);
+    md5_bytes(digests, (size_t)parts * MD5_BYTES, whole);
+    char quoted[2 * MD5_BYTES + 3];
+    md5_etag(whole, quoted, sizeof quoted);
+    snprintf(out, size, "%.*s-%lld\"", 2 * MD5_BYTES + 1, quoted, (long long)parts);
 }
 
 void md5_base64(const unsigned char digest[MD5_BYTES], char out[25])

@@ -17,6 +17,13 @@
  * the file when it cannot be read whole. */
 int md5_file_range(const char *path, int64_t offset, int64_t length, unsigned char digest[MD5_BYTES]);
 
+/* The MD5 of bytes in memory. */
+void md5_bytes(const void *data, size_t size, unsigned char digest[MD5_BYTES]);
+
+/* "HEX": the ETag S3 gives an object PUT whole (not encrypted with SSE-KMS
+ * or SSE-C), quotes included as S3 sends them. */
+void md5_etag(const unsigned char digest[MD5_BYTES], char *out, size_t size);
+
 /* "HEX-N": the ETag S3 gives an object completed from the parts whose MD5s
  * are digests[0..parts), quotes included as S3 sends them. */
 void md5_multipart_etag(const unsigned char (*digests)[MD5_BYTES], int64_t parts, char *out, size_t size);

@@ -14,10 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../common/error.h"
 #include "../common/parallel.h"
 #include "../common/path.h"
+#include "md5.h"
 #include "object.h"
 #include "xml.h"
 
@@ -387,11 +389,41 @@ int object_delete(const store_ops *s, const char *path)
     return object_delete_at(s, path, NULL, path);
 }
 
+/* One PUT of a whole object (c, its body set; md5: the body's MD5 where
+ * the protocol's PUTs carry one, else NULL). S3 refuses a body that
+ * arrived otherwise than its Content-MD5 says (400 BadDigest, sent again
+ * from its bytes: http_answer_transient); single PUTs went without one, so
+ * a body damaged on the way was kept, said "copied", and found damaged by
+ * the next verify. The answer's ETag is the MD5 of what S3 keeps (an
+ * object not encrypted with SSE-KMS or SSE-C): another one is refused as
+ * damage on the way, should a store take the body unchecked. A PUT whose
+ * answer was lost (a connection closed) is sent again by http.c: the same
+ * bytes, so the same object and ETag, whether the first was taken or not. */
+static int put_whole(const store_ops *s, object_call *c, int64_t size, const unsigned char *md5)
+{
+    char content_md5[40] = "Content-MD5: ", expected[2 * MD5_BYTES + 3] = "";
+    const char *headers[] = {content_md5, NULL};
+    if (md5) {
+        md5_base64(md5, content_md5 + strlen(content_md5));
+        md5_etag(md5, expected, sizeof expected);
+        c->http.headers = headers;
+    }
+    http_response r;
+    TP_TRY(object_call_ok(s, c, &r));
+    int etag_is_md5 = strncmp(r.encryption, "aws:kms", 7) != 0 && strcmp(r.encryption, "SSE-C") != 0;
+    if (md5 && r.etag[0] && etag_is_md5 && strcasecmp(r.etag, expected) != 0)
+        return tp_fail(TP_ERR_CHECKSUM, "PUT %s: answered HTTP %ld with ETag %s, where the %lld bytes sent have the "
+                       "MD5 %s: the store keeps other bytes than were sent (damaged on the way, and its Content-MD5 "
+                       "not checked?)", c->path, r.code, r.etag, (long long)size, expected);
+    return TP_OK;
+}
+
 int object_put_data(const store_ops *s, const char *path, const void *data, size_t size)
 {
     object_call c = {.path = path, .http = {.method = "PUT", .body = size ? data : "", .body_size = size}};
-    http_response r;
-    return object_call_ok(s, &c, &r);
+    unsigned char md5[MD5_BYTES];
+    if (object_protocol_of(s)->put_md5) md5_bytes(data, size, md5);
+    return put_whole(s, &c, (int64_t)size, object_protocol_of(s)->put_md5 ? md5 : NULL);
 }
 
 int object_put_file(const store_ops *s, const char *path, const char *local_path, int64_t offset, int64_t length)
@@ -402,6 +434,8 @@ int object_put_file(const store_ops *s, const char *path, const char *local_path
         c.http.body_file = NULL;
         c.http.body = "";
     }
-    http_response r;
-    return object_call_ok(s, &c, &r);
+    /* The MD5 from the bytes read before they are sent, as a part's (s3.c put_part). */
+    unsigned char md5[MD5_BYTES];
+    if (object_protocol_of(s)->put_md5) TP_TRY(md5_file_range(local_path, offset, length, md5));
+    return put_whole(s, &c, length, object_protocol_of(s)->put_md5 ? md5 : NULL);
 }

@@ -29,6 +29,9 @@ typedef struct {
 /* A protocol: sends a request, TP_OK with the answer whatever its code. */
 typedef struct {
     int (*send)(const object_call *c, http_response *r);
+    /* Whether a whole object's PUT carries its body's MD5 (Content-MD5)
+     * and is answered with it as its ETag (S3; object_put_file). */
+    int put_md5;
 } object_protocol;
 
 /* The protocol of an object store (its impl). */
@@ -68,7 +71,9 @@ int object_lock(const store_ops *s, const char *path, int flags, store_file **ou
 /* The ETag a file's reads are pinned to, and a fresh file pinned to one. */
 void object_version(store_file *f, char *out, size_t size);
 int object_pin(store_file *f, const char *version);
-/* One PUT of a local file's bytes, or of memory. */
+/* One PUT of a local file's bytes, or of memory; where the protocol's
+ * PUTs carry an MD5 (put_md5), checked by the store (Content-MD5) and
+ * against the ETag of its answer. */
 int object_put_file(const store_ops *s, const char *path, const char *local_path, int64_t offset, int64_t length);
 int object_put_data(const store_ops *s, const char *path, const void *data, size_t size);
 int object_delete(const store_ops *s, const char *path);

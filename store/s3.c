@@ -31,6 +31,7 @@
 #include "xml.h"
 
 #define LIST_PAGES_MAX 100000 /* pages of one listing: 10^8 keys at 1000 a page */
+#define UPLOAD_PAGES_MAX 100 /* pages of a key's multipart uploads under way read to find orphans: 10^5 at 1000 a page */
 
 /* ------------------------------------------------------------ S3 settings */
 
@@ -300,7 +301,6 @@ typedef struct {
     int (*visit)(void *ctx, const char *name);
     void *ctx;
     int delimited; /* names one level down (with "/"), or every key below */
-    size_t prefix_len;
     int found;
 } list_visit;
 
@@ -320,6 +320,29 @@ static int listing_text(const char *text, const char *text_end, int url_encoded,
     return TP_OK;
 }
 
+/* The name a listed key (or common prefix) gives below the listing's
+ * prefix, decoded (listing_text): S3 lists only keys that begin with the
+ * prefix asked for, and the name was the key cut at the prefix's length
+ * without looking. A key that does not begin with it (a server ignoring
+ * the prefix, or writing keys otherwise than its EncodingType says, so
+ * that they decode to other bytes) was cut into another name without a
+ * word: a run directory's names lost or made up (the claim that
+ * "vanished"), and a removal deleting keys of that made-up name. Such a
+ * listing is refused, naming the key as decoded and the prefix. */
+static int name_below_prefix(const char *listed, const char *prefix, int url_encoded, const char *dir_url,
+                             const char **name)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(listed, prefix, n) != 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: the server's listing names the key '%s' (%s), which does not begin with "
+                       "the prefix '%s' asked for: a listing of other keys (a store ignoring the prefix, or writing "
+                       "keys otherwise than it says?), refused rather than cut into another name", dir_url, listed,
+                       url_encoded ? "URL-decoded, as its EncodingType url says" : "as written, no EncodingType said",
+                       prefix);
+    *name = listed + n;
+    return TP_OK;
+}
+
 /* Lists keys below an S3 prefix ("key/"), page by page. */
 static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit *v)
 {
@@ -334,7 +357,6 @@ static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit 
     while (n && prefix[n - 1] == '/') prefix[--n] = '\0';
     if (n) strcat(prefix, "/");
     snprintf(max, sizeof max, "%d", max_keys);
-    v->prefix_len = strlen(prefix);
     int status = TP_OK;
     /* A server that keeps answering "truncated" with the token it was given
      * (or any it gave before) would be listed for ever; so would one that
@@ -368,18 +390,24 @@ static int s3_list(const char *dir_url, int delimited, int max_keys, list_visit 
         for (const char *q = p; !status && (next = xml_element(q, end, "Contents", &text, &text_end)); q = next) {
             const char *key, *key_end;
             if (!xml_element(text, text_end, "Key", &key, &key_end)) continue;
-            if ((status = listing_text(key, key_end, url_encoded, dir_url, name, sizeof name))) break;
+            const char *below = "";
+            if ((status = listing_text(key, key_end, url_encoded, dir_url, name, sizeof name)) ||
+                (status = name_below_prefix(name, prefix, url_encoded, dir_url, &below)))
+                break;
             v->found = 1;
-            if (v->visit && strlen(name) > v->prefix_len) status = v->visit(v->ctx, name + v->prefix_len);
+            if (v->visit && *below) status = v->visit(v->ctx, below);
         }
         for (const char *q = p; !status && (next = xml_element(q, end, "CommonPrefixes", &text, &text_end)); q = next) {
             const char *key, *key_end;
             if (!xml_element(text, text_end, "Prefix", &key, &key_end)) continue;
-            if ((status = listing_text(key, key_end, url_encoded, dir_url, name, sizeof name))) break;
+            const char *below = "";
+            if ((status = listing_text(key, key_end, url_encoded, dir_url, name, sizeof name)) ||
+                (status = name_below_prefix(name, prefix, url_encoded, dir_url, &below)))
+                break;
             size_t len = strlen(name);
-            if (len && name[len - 1] == '/') name[--len] = '\0';
+            if (len && name[len - 1] == '/') name[--len] = '\0'; /* "run/step_1/" names "step_1" */
             v->found = 1;
-            if (v->visit && len > v->prefix_len) status = v->visit(v->ctx, name + v->prefix_len);
+            if (v->visit && name + len > below) status = v->visit(v->ctx, below);
         }
         char truncated[16] = "";
         if (!status && xml_element(p, end, "IsTruncated", &text, &text_end))
@@ -574,46 +602,74 @@ static int abort_orphaned_uploads(const char *url, const char *upload_id, int cr
     if (!key) return tp_fail(TP_ERR_ARG, "%s: no key in this URL", url);
     snprintf(bucket_url, sizeof bucket_url, "s3://%.*s", (int)(key - bucket), bucket);
     key++;
-    sigv4_pair query[3] = {{"uploads", ""}, {"prefix", key}, {"encoding-type", "url"}};
-    byte_buffer body = {0};
-    object_call c = {.path = bucket_url, .query = query, .num_query = 3,
-        .http = {.method = "GET", .body_out = &body, .body_max = OBJECT_LIST_MAX}};
-    http_response r;
-    double asked = now_seconds();
-    int status = object_call_ok(store_s3(), &c, &r);
-    double answered = now_seconds();
-    const char *p = body.data ? body.data : "", *end = p + body.size, *text, *text_end, *next;
-    if (!status) status = xml_check_listing(p, body.size, "ListMultipartUploadsResult", bucket_url);
-    char encoding[16] = "", truncated[16] = "";
-    if (!status && xml_element(p, end, "EncodingType", &text, &text_end))
-        status = listing_text(text, text_end, 0, bucket_url, encoding, sizeof encoding);
-    if (!status && xml_element(p, end, "IsTruncated", &text, &text_end))
-        status = listing_text(text, text_end, 0, bucket_url, truncated, sizeof truncated);
-    if (!status && !r.server_time)
-        status = tp_fail(TP_ERR_FORMAT, "%s: the store's answer has no Date to set its clock by", bucket_url);
-    /* The window, in S3's clock: the offset of the two clocks lies in
-     * [Date - answered, Date + 1 - asked]; a second more either way. */
-    double from = began + (double)r.server_time - answered - 1, to = ended + (double)r.server_time + 1 - asked + 1;
     enum { LISTED_MAX = 64 };
     char ids[LISTED_MAX][1024], listed_key[TP_PATH_MAX];
-    int found = 0;
-    for (const char *q = p; !status && (next = xml_element(q, end, "Upload", &text, &text_end)); q = next) {
-        const char *x, *x_end;
-        char initiated[64] = "", id[1024] = "";
-        if (!xml_element(text, text_end, "Key", &x, &x_end)) continue;
-        if ((status = listing_text(x, x_end, !strcmp(encoding, "url"), bucket_url, listed_key, sizeof listed_key)))
+    int found = 0, status = TP_OK, truncated = 0;
+    double from = 0, to = 0;
+    /* Page by page (S3 lists 1000 uploads a page, the key's own among the
+     * bucket's others of that prefix, oldest first): the first page alone
+     * was read, and an orphan past it was never found. The next page
+     * begins after the last listed (NextKeyMarker, NextUploadIdMarker). */
+    char key_marker[TP_PATH_MAX] = "", id_marker[1024] = "";
+    int page = 0;
+    for (; !status && page < UPLOAD_PAGES_MAX; page++) {
+        sigv4_pair query[5] = {{"uploads", ""}, {"prefix", key}, {"encoding-type", "url"}};
+        int num_query = 3;
+        if (page) {
+            query[num_query++] = (sigv4_pair){"key-marker", key_marker};
+            query[num_query++] = (sigv4_pair){"upload-id-marker", id_marker};
+        }
+        byte_buffer body = {0};
+        object_call c = {.path = bucket_url, .query = query, .num_query = num_query,
+            .http = {.method = "GET", .body_out = &body, .body_max = OBJECT_LIST_MAX}};
+        http_response r;
+        double asked = now_seconds();
+        status = object_call_ok(store_s3(), &c, &r);
+        double answered = now_seconds();
+        const char *p = body.data ? body.data : "", *end = p + body.size, *text, *text_end, *next;
+        if (!status) status = xml_check_listing(p, body.size, "ListMultipartUploadsResult", bucket_url);
+        char encoding[16] = "", more[16] = "", next_key[TP_PATH_MAX] = "", next_id[1024] = "";
+        if (!status && xml_element(p, end, "EncodingType", &text, &text_end))
+            status = listing_text(text, text_end, 0, bucket_url, encoding, sizeof encoding);
+        int url_encoded = !strcmp(encoding, "url");
+        if (!status && xml_element(p, end, "IsTruncated", &text, &text_end))
+            status = listing_text(text, text_end, 0, bucket_url, more, sizeof more);
+        if (!status && xml_element(p, end, "NextKeyMarker", &text, &text_end))
+            status = listing_text(text, text_end, url_encoded, bucket_url, next_key, sizeof next_key);
+        if (!status && xml_element(p, end, "NextUploadIdMarker", &text, &text_end))
+            status = listing_text(text, text_end, 0, bucket_url, next_id, sizeof next_id);
+        if (!status && page == 0 && !r.server_time)
+            status = tp_fail(TP_ERR_FORMAT, "%s: the store's answer has no Date to set its clock by", bucket_url);
+        /* The window, in S3's clock (the first page's): the offset of the
+         * two clocks lies in [Date - answered, Date + 1 - asked]; a second
+         * more either way. */
+        if (!status && page == 0)
+            from = began + (double)r.server_time - answered - 1, to = ended + (double)r.server_time + 1 - asked + 1;
+        for (const char *q = p; !status && (next = xml_element(q, end, "Upload", &text, &text_end)); q = next) {
+            const char *x, *x_end;
+            char initiated[64] = "", id[1024] = "";
+            if (!xml_element(text, text_end, "Key", &x, &x_end)) continue;
+            if ((status = listing_text(x, x_end, url_encoded, bucket_url, listed_key, sizeof listed_key))) break;
+            if (xml_element(text, text_end, "UploadId", &x, &x_end))
+                status = listing_text(x, x_end, 0, bucket_url, id, sizeof id);
+            if (!status && xml_element(text, text_end, "Initiated", &x, &x_end))
+                status = listing_text(x, x_end, 0, bucket_url, initiated, sizeof initiated);
+            double when = s3_time(initiated);
+            if (status || strcmp(listed_key, key) || !id[0] || !strcmp(id, upload_id) || when < from || when > to)
+                continue;
+            if (found < LISTED_MAX) snprintf(ids[found], sizeof ids[found], "%s", id);
+            found++;
+        }
+        free(body.data);
+        /* Truncated without a way on, or the same way again: the rest
+         * cannot be listed (said below as a truncated listing). */
+        truncated = !strcmp(more, "true");
+        if (status || !truncated || !next_key[0] ||
+            (!strcmp(next_key, key_marker) && !strcmp(next_id, id_marker)))
             break;
-        if (xml_element(text, text_end, "UploadId", &x, &x_end))
-            status = listing_text(x, x_end, 0, bucket_url, id, sizeof id);
-        if (!status && xml_element(text, text_end, "Initiated", &x, &x_end))
-            status = listing_text(x, x_end, 0, bucket_url, initiated, sizeof initiated);
-        double when = s3_time(initiated);
-        if (status || strcmp(listed_key, key) || !id[0] || !strcmp(id, upload_id) || when < from || when > to)
-            continue;
-        if (found < LISTED_MAX) snprintf(ids[found], sizeof ids[found], "%s", id);
-        found++;
+        snprintf(key_marker, sizeof key_marker, "%s", next_key);
+        snprintf(id_marker, sizeof id_marker, "%s", next_id);
     }
-    free(body.data);
     char text_out[2048];
     if (status) {
         snprintf(text_out, sizeof text_out, "%s: its multipart upload was created in %d requests, an answer lost: "
@@ -622,16 +678,25 @@ static int abort_orphaned_uploads(const char *url, const char *upload_id, int cr
         store_notify(text_out);
         return status;
     }
+    if (found == 0 && truncated) {
+        snprintf(text_out, sizeof text_out, "%s: its multipart upload was created in %d requests, an answer lost: "
+                 "the key's uploads under way could not be listed whole (truncated after %d pages%s), and none of "
+                 "those listed is one S3 made for the lost answers; a lifecycle rule "
+                 "(AbortIncompleteMultipartUpload) removes any", url, creates, page + (page < UPLOAD_PAGES_MAX),
+                 page < UPLOAD_PAGES_MAX ? ", without a next marker or with the same again" : ", the most read");
+        store_notify(text_out);
+        return TP_OK;
+    }
     if (found == 0) return TP_OK; /* the lost answers made none (a 5xx is refused work) */
     char named[1024] = ""; /* the uploads' ids, as many as fit */
     for (int i = 0, n = 0; i < found && i < LISTED_MAX && n < (int)sizeof named; i++)
         n += snprintf(named + n, sizeof named - (size_t)n, "%s%s", i ? ", " : "", ids[i]);
-    if (found > lost || !strcmp(truncated, "true")) {
+    if (found > lost || truncated) {
         snprintf(text_out, sizeof text_out, "%s: its multipart upload was created in %d requests, an answer lost, "
                  "and %d other uploads of this key were initiated meanwhile%s, more than these requests made: none "
                  "aborted, as one may be another writer's (uploadId %s); abort those that are not (aws s3api "
                  "abort-multipart-upload), or let a lifecycle rule (AbortIncompleteMultipartUpload)", url, creates,
-                 found, !strcmp(truncated, "true") ? " (the listing was truncated)" : "", named);
+                 found, truncated ? " (the listing was truncated)" : "", named);
         store_notify(text_out);
         return TP_OK;
     }
@@ -777,7 +842,7 @@ static int s3_put_file(const store_ops *s, const char *path, const char *local_p
     return object_put_file(s, path, local_path, offset, length);
 }
 
-static const object_protocol s3_protocol = {s3_send};
+static const object_protocol s3_protocol = {.send = s3_send, .put_md5 = 1};
 
 static const store_ops s3_store = {.name = "s3",
                                    OBJECT_STORE_OPS,

@@ -34,6 +34,29 @@ typedef struct {
     int64_t size;
 } dav_entry;
 
+/* The path of a listed href, decoded, trailing slashes taken (a
+ * collection's): an absolute URL's path (its host not compared: a proxy
+ * may name the server otherwise), an absolute path as it is, and a
+ * relative reference resolved against the request's path (RFC 3986: in
+ * place of its last segment; request_path as sent, "/run/" for a listing). */
+static int href_path(const char *href, const char *request_path, char *out, size_t size)
+{
+    const char *path = href;
+    if (strstr(href, "://")) {
+        const char *s = strstr(href, "://") + 3;
+        path = s + strcspn(s, "/");
+    }
+    int base = (int)(strrchr(request_path, '/') ? strrchr(request_path, '/') - request_path + 1 : 0);
+    int n = path[0] == '/' ? snprintf(out, size, "%s", path)
+            : path[0]      ? snprintf(out, size, "%.*s%s", base, request_path, path)
+                           : snprintf(out, size, "%s", request_path); /* "": the request itself */
+    if (n < 0 || (size_t)n >= size) return tp_fail(TP_ERR_ARG, "%s: a name too long", href);
+    http_decode(out);
+    size_t len = strlen(out);
+    while (len && out[len - 1] == '/') out[--len] = '\0';
+    return TP_OK;
+}
+
 /* PROPFIND of a path (Depth 0: itself; 1: and its entries, visited by name). */
 static int dav_propfind(const char *path, int depth, dav_entry *self, int (*visit)(void *ctx, const char *name),
                         void *ctx)
@@ -91,15 +114,13 @@ static int dav_propfind(const char *path, int depth, dav_entry *self, int (*visi
             status = tp_fail_context(status, "%s: a name in the server's listing", path);
             break;
         }
-        char *href_path = href;
-        if (strstr(href, "://")) { /* an absolute URL: its path */
-            char *s = strstr(href, "://") + 3;
-            href_path = s + strcspn(s, "/");
+        char entry[TP_PATH_MAX];
+        if ((status = href_path(href, own_path, entry, sizeof entry))) {
+            status = tp_fail_context(status, "%s: a name in the server's listing", path);
+            break;
         }
-        http_decode(href_path);
-        size_t n = strlen(href_path);
-        int slash = n && href_path[n - 1] == '/';
-        while (n && href_path[n - 1] == '/') href_path[--n] = '\0';
+        size_t n = strlen(href);
+        int slash = n && href[n - 1] == '/';
         int is_dir = slash || (xml_element(text, text_end, "collection", &x, &x_end) != NULL);
         int64_t size = 0;
         if (xml_element(text, text_end, "getcontentlength", &x, &x_end)) {
@@ -107,13 +128,25 @@ static int dav_propfind(const char *path, int depth, dav_entry *self, int (*visi
             if (xml_text(x, x_end, number, sizeof number)) number[0] = '\0'; /* no size said */
             size = strtoll(number, NULL, 10);
         }
-        if (!strcmp(href_path, own)) {
+        if (!strcmp(entry, own)) {
             *self = (dav_entry){1, is_dir, size};
             continue;
         }
-        const char *name = strrchr(href_path, '/');
-        name = name ? name + 1 : href_path;
-        if (visit && *name) status = visit(ctx, name);
+        /* An entry is own/NAME: its name was the href's last segment,
+         * whatever came before it, so that an entry of another collection
+         * (a server listing elsewhere, an href written under another root
+         * than the request's, a '/' encoded in a name) became a name of
+         * this one, and the request's own entry, not recognised, made the
+         * collection absent. */
+        size_t own_len = strlen(own);
+        const char *name = entry + own_len + 1;
+        if (strncmp(entry, own, own_len) || entry[own_len] != '/' || !*name || strchr(name, '/')) {
+            status = tp_fail(TP_ERR_FORMAT, "%s: the server's listing names '%s' (href %s), which is not %s: a "
+                             "listing of something else, refused rather than taken as a name of %s", path, entry,
+                             href, depth ? "the collection or an entry of it" : "the resource asked for", path);
+            break;
+        }
+        if (visit) status = visit(ctx, name);
     }
     free(answer.data);
     return status;
@@ -173,7 +206,7 @@ static int webdav_put_file(const store_ops *s, const char *path, const char *loc
     return object_put_file(s, path, local_path, offset, length);
 }
 
-static const object_protocol webdav_protocol = {webdav_send};
+static const object_protocol webdav_protocol = {.send = webdav_send};
 
 static const store_ops webdav_store = {.name = "webdav",
                                        OBJECT_STORE_OPS,

@@ -40,8 +40,12 @@
 # NoSuchUpload)"), and another object there, or none, is refused saying
 # so; a create whose answer was lost leaves an upload, found and aborted,
 # never another writer's (nor when a create was answered 503: no lost
-# answer, it made none). Keys with a control character, '&', '+', a
-# space or UTF-8 are listed whole (encoding-type=url; numeric references).
+# answer, it made none), also past the first page of the key's uploads.
+# Objects PUT whole carry their Content-MD5 (one damaged on the way is sent
+# again; one kept damaged is refused by its ETag). Keys with a control
+# character, '&', '+', a space or UTF-8 are listed whole (encoding-type=url;
+# numeric references); keys outside the prefix asked for, and WebDAV hrefs
+# outside the collection, are refused, never cut into names.
 # Each ends in one error naming the URL, in bounded time; a throttling
 # store is waited out, saying so, for TP_REMOTE_THROTTLE_SECONDS in all.
 # tier: full
@@ -165,6 +169,16 @@ run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test 
 check_all "a listing truncated without a token: an error naming the URL, not a partial listing (exit $RC)" \
     '[ $RC -eq 1 ] && grep -q "s3://bkt/run: the server.s listing is truncated (page 1) without a continuation token" "$WORK/.err"'
 
+# A listing of keys outside the prefix asked for (a store ignoring it): each
+# key was cut at the prefix's length unlooked at, "big/" and "run/" of a
+# listing of "run/" became empty names, and the run directory was listed
+# as holding no checkpoint (as a claim "vanished" before). Refused, naming
+# the key and the prefix.
+serve ignore-prefix --s3
+run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test timeout 60 "$CK" info s3://bkt/run
+check_all "a listing of keys outside the prefix: refused naming a key and the prefix, not cut into names (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "s3://bkt/run[^ ]*: the server.s listing names the key .big/. (URL-decoded, as its EncodingType url says), which does not begin with the prefix .run/[^ ]*. asked for" "$WORK/.err"'
+
 # S3 keys holding characters XML cannot carry as they are: a listing not
 # asked encoding-type=url writes a control character as a numeric
 # reference ("&#13;"), which was copied as it was: a run directory
@@ -280,10 +294,10 @@ upload() {
     rm -rf "$WORK/wroot"
     mkdir -p "$WORK/wroot"
     SERVE_ROOT="$WORK/wroot" serve "$@" --s3
-    run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test TP_REMOTE_PART_MB=5 \
+    run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test TP_REMOTE_PART_MB=${PART_MB:-5} \
         TP_REMOTE_BACKOFF_MS=10 timeout 120 "$CK" copy "$WORK/root/big" s3://bkt/up/big
 }
-uploads_left() { curl -s "$U/bkt?uploads" | grep -o "<UploadId>[^<]*" | sed 's/<UploadId>//'; }
+uploads_left() { curl -s "$U/bkt?uploads&max-uploads=1000" | grep -o "<UploadId>[^<]*" | sed 's/<UploadId>//'; }
 nothing_at_url() { [ -z "$(find "$WORK/wroot" -type f)" ]; }
 verified_there() {
     env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test "$CK" verify s3://bkt/up/big >/dev/null 2>&1
@@ -383,6 +397,14 @@ check_all "lose-create with another writer's upload at the same moment: none abo
     '[ $RC -eq 0 ] && [ $(echo "$left" | grep -c .) -eq 2 ] &&
      grep -q "warning: $SHARD: its multipart upload was created in 2 requests, an answer lost, and 2 other uploads of this key were initiated meanwhile, more than these requests made: none aborted, as one may be another writer.s (uploadId [0-9a-f]*, [0-9a-f]*)" "$WORK/.err" &&
      for id in $left; do grep -q "$id" "$WORK/.err" || exit 1; done && verified_there'
+# The lost answer's upload past the first page of the key's uploads (3
+# older ones of another writer before it, 2 a page): the first page alone
+# was read, and the orphan was left without a word.
+upload good --lose-create --foreign-upload stale --foreign-count 3 --uploads-page 2
+left=$(uploads_left)
+check_all "lose-create, its orphan on the listing's second page: found, aborted, the 3 older left ($(echo $left | wc -w)), exit $RC" \
+    '[ $RC -eq 0 ] && [ $(echo "$left" | grep -c .) -eq 3 ] && grep -q "1 of the 1 uploads S3 made for the lost answers aborted" "$WORK/.err" &&
+     verified_there'
 upload part-refused --lose-create
 check_all "lose-create, then a part refused: the upload and the lost answer's both aborted (exit $RC)" \
     '[ $RC -eq 1 ] && grep -q "1 of the 1 uploads S3 made for the lost answers aborted" "$WORK/.err" &&
@@ -395,6 +417,26 @@ left=$(uploads_left)
 check_all "a create answered 503 SlowDown beside another writer's upload: that one not aborted, no orphan looked for ($left), exit $RC" \
     '[ $RC -eq 0 ] && grep -q "^fault: create-slowdown create of upload" "$WORK/server.err" &&
      [ $(echo "$left" | grep -c .) -eq 1 ] && ! grep -q "its multipart upload was created in" "$WORK/.err" && verified_there'
+
+# Objects PUT whole (the 42 MB shard under TP_REMOTE_PART_MB=64, the
+# index, the claim) go with their Content-MD5 as parts do: a shard
+# arriving damaged is refused (400 BadDigest) and sent again; it was kept,
+# the copy said "copied", and verify called the shard damaged. A store
+# that keeps the damaged bytes unchecked answers their MD5 as ETag:
+# refused, nothing left at the URL. A PUT done whose answer was lost is
+# sent again, the same bytes: copied.
+PART_MB=64 upload put-damaged
+check_all "put-damaged: refused by its Content-MD5 (BadDigest), sent again, copied, verified there (exit $RC)" \
+    '[ $RC -eq 0 ] && grep -q "^fault: put-damaged put of upload" "$WORK/server.err" &&
+     grep -q "warning: PUT $U/bkt/up/big/shard_pp00_tp00.h5: HTTP 400; retry 1 of 6" "$WORK/.err" && verified_there'
+PART_MB=64 upload put-unchecked
+check_all "put-unchecked: the answer's ETag not the MD5 sent: refused as damage, nothing at the URL (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "^fault: put-unchecked put of upload" "$WORK/server.err" &&
+     grep -q "PUT $SHARD: answered HTTP 200 with ETag \"[0-9a-f]*\", where the $BIG_SIZE bytes sent have the MD5 \"[0-9a-f]*\": the store keeps other bytes than were sent" "$WORK/.err" &&
+     nothing_at_url'
+PART_MB=64 upload put-lost
+check_all "put-lost: the answer to a PUT done lost, sent again, copied, verified there (exit $RC)" \
+    '[ $RC -eq 0 ] && grep -q "^fault: put-lost put of upload .*shard_pp00_tp00.h5" "$WORK/server.err" && verified_there'
 
 # Transport faults: unreadable, not damaged. A short body (its Content-Range
 # naming more than came; or its Content-Length, the connection closed) is
@@ -440,6 +482,19 @@ for mode in entity deep; do
     check_all "a WebDAV listing with $mode: refused as malformed, naming the URL (exit $RC)" \
         '[ $RC -eq 1 ] && grep -q "$U/run: malformed listing from the server" "$WORK/.err"'
 done
+# A WebDAV listing naming an entry of another collection: its href's last
+# segment was taken as a name of this one (step_00000009, never there).
+# Refused, naming it. Hrefs relative to the request (RFC 3986) are
+# resolved against it.
+serve href-elsewhere
+run timeout 30 "$CK" info "$U/run"
+check_all "a WebDAV listing naming another collection's entry: refused naming its href (exit $RC)" \
+    '[ $RC -eq 1 ] && grep -q "$U/run/: the server.s listing names ./elsewhere/step_00000009. (href /elsewhere/step_00000009/), which is not the collection or an entry of it" "$WORK/.err"'
+serve href-relative
+run timeout 30 "$CK" info "$U/run"
+check_all "a WebDAV listing of hrefs relative to the request: the checkpoint found (exit $RC)" \
+    '[ $RC -eq 0 ] && grep -q "step *1" "$WORK/.out"'
+
 # A listing in UTF-16 (a byte-order mark): an encoding not supported, not
 # a malformed listing.
 serve utf16

@@ -13,6 +13,8 @@ misbehaves as --mode says:
                 Content-Range (bytes from 16 further on)
   repeat-token  S3 listings: always truncated, always the same continuation
                 token
+  ignore-prefix S3 listings ignore the prefix asked for: every key of the
+                bucket (a store that does not honour it)
   no-token      S3 listings: truncated, without a continuation token
   trickle       GET bodies of index.json: one byte every 2 s
   entity        PROPFIND answers declare an entity (<!DOCTYPE ... <!ENTITY)
@@ -36,6 +38,10 @@ misbehaves as --mode says:
                 connection
   no-range      a GET of a shard ignores its Range: 200 and the whole object
   utf16         PROPFIND answers in UTF-16 (little-endian, a byte-order mark)
+  href-elsewhere  PROPFIND answers of Depth 1 name an entry of another
+                collection too (/elsewhere/step_00000009/)
+  href-relative PROPFIND answers name entries by hrefs relative to the
+                request ("step_00000001/"), itself by its absolute path
   endless-error every GET is answered 500 with a body that never ends
                 (as fast as it is taken), without a Content-Length
   huge-headers  every GET is answered 200 with headers that never end
@@ -76,6 +82,12 @@ way listed by GET /BUCKET?uploads (ListMultipartUploads). Write modes:
   create-slowdown  the first CreateMultipartUpload of every key is answered
                 503 SlowDown, making no upload (S3 over its request rate);
                 the next is taken
+  put-damaged   the first PUT (whole) of every shard arrives with a byte
+                changed
+  put-unchecked as put-damaged, and the PUT's Content-MD5 is not checked:
+                the damaged bytes kept, answered 200 with their MD5 as ETag
+  put-lost      the first PUT (whole) of every object is done, and its
+                connection closed without an answer
 
 A PUT with a Content-MD5 whose bytes do not match it is refused 400
 BadDigest, as S3 refuses it. --lose-create: the first CreateMultipartUpload
@@ -83,7 +95,9 @@ of every key makes its upload, and its connection is closed without an
 answer (the upload left to the client to find); --foreign-upload stale or
 fresh: with it (or with the create-slowdown mode's 503), another
 writer's upload of the key, initiated an hour before or at the same
-moment.
+moment (--foreign-count N: N of them). ListMultipartUploads answers
+--uploads-page uploads a page (default 1000, S3's; max-uploads if asked),
+the next page after its NextKeyMarker and NextUploadIdMarker.
 
 Listings write keys as S3 does: URL-encoded when asked encoding-type=url
 (a space as '+', EncodingType url said), else as XML text with control
@@ -251,13 +265,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.send(200, b"", [("ETag", '"%s"' % hashlib.md5(data).hexdigest())])
         if not path:
             return self.s3_error(400, "InvalidRequest")
-        if not self.digest_matches(data):
+        if ARGS.mode in ("put-damaged", "put-unchecked") and path.endswith(".h5") and data and self.once(path, "put"):
+            data = bytes([data[0] ^ 0x40]) + data[1:]
+        if ARGS.mode != "put-unchecked" and not self.digest_matches(data):
             return self.s3_error(400, "BadDigest")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".put", "wb") as f:
             f.write(data)
         os.rename(path + ".put", path)
         WRITTEN[path] = '"%s"' % hashlib.md5(data).hexdigest()
+        if ARGS.mode == "put-lost" and self.once(path, "put"):
+            return self.lost()
         self.send(200, b"", [("ETag", WRITTEN[path])])
 
     def do_POST(self):
@@ -274,7 +292,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return self.s3_error(503, "SlowDown")
             upload_id = self.new_upload(path, time.time())
             if ARGS.lose_create and self.once(path, "create"):
-                if ARGS.foreign_upload:
+                for _ in range(ARGS.foreign_count if ARGS.foreign_upload else 0):
                     self.new_upload(path, time.time() - (3600 if ARGS.foreign_upload == "stale" else 0))
                 return self.lost()
             return self.send(200, ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<InitiateMultipartUploadResult>"
@@ -340,14 +358,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
         prefix = query.get("prefix", [""])[0]
         url = query.get("encoding-type", [""])[0] == "url"
         encode = (lambda k: urllib.parse.quote_plus(k, safe="/")) if url else xml_escape
-        with LOCK:
+        with LOCK:  # as S3 orders them: by key, then oldest first
             entries = sorted((os.path.relpath(u["key"], ARGS.root), u["initiated"], i) for i, u in UPLOADS.items())
+        entries = [e for e in entries if e[0].startswith(prefix)]
+        key_marker, id_marker = query.get("key-marker", [""])[0], query.get("upload-id-marker", [""])[0]
+        if key_marker:  # the page after the last one listed
+            at = [n for n, (k, _, i) in enumerate(entries) if k == key_marker and i == id_marker]
+            entries = entries[at[0] + 1:] if at else [e for e in entries if e[0] > key_marker]
+        size = int(query.get("max-uploads", [ARGS.uploads_page])[0])
+        page, more = entries[:size], len(entries) > size
         body = "".join("<Upload><Key>%s</Key><UploadId>%s</UploadId><Initiated>%s.%03dZ</Initiated></Upload>"
                        % (encode(k), i, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)), int(t * 1000) % 1000)
-                       for k, t, i in entries if k.startswith(prefix))
+                       for k, t, i in page)
+        markers = ("<NextKeyMarker>%s</NextKeyMarker><NextUploadIdMarker>%s</NextUploadIdMarker>"
+                   % (encode(page[-1][0]), page[-1][2])) if more else ""
         self.send(200, ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListMultipartUploadsResult>%s"
-                        "<IsTruncated>false</IsTruncated>%s</ListMultipartUploadsResult>"
-                        % ("<EncodingType>url</EncodingType>" if url else "", body)).encode())
+                        "<IsTruncated>%s</IsTruncated>%s%s</ListMultipartUploadsResult>"
+                        % ("<EncodingType>url</EncodingType>" if url else "", "true" if more else "false", markers,
+                           body)).encode())
 
     def throttled(self):
         """Whether this request is answered 503 (slowdown modes); answers it."""
@@ -466,7 +494,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             pass
 
     def s3_list(self, query):
-        prefix = query.get("prefix", [""])[0]
+        prefix = query.get("prefix", [""])[0] if ARGS.mode != "ignore-prefix" else ""
         # A probe for one key (max-keys=1) is answered truly; listings loop.
         if ARGS.mode == "no-token" and query.get("max-keys", ["1000"])[0] != "1":
             body = ("<?xml version=\"1.0\"?><ListBucketResult><IsTruncated>true</IsTruncated>"
@@ -524,7 +552,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         entries = [(url_path, path)]
         if os.path.isdir(path) and self.headers.get("Depth") == "1":
             for name in sorted(os.listdir(path)):
-                entries.append((url_path.rstrip("/") + "/" + urllib.parse.quote(name), os.path.join(path, name)))
+                base = "" if ARGS.mode == "href-relative" else url_path.rstrip("/") + "/"
+                entries.append((base + urllib.parse.quote(name), os.path.join(path, name)))
+            if ARGS.mode == "href-elsewhere":
+                entries.append(("/elsewhere/step_00000009/", path))
         out = ['<?xml version="1.0"?><D:multistatus xmlns:D="DAV:">']
         for href, p in entries:
             if os.path.isdir(p):
@@ -553,6 +584,8 @@ def main():
     p.add_argument("--switch-file", help="replaced mode: objects change once this file exists")
     p.add_argument("--lose-create", action="store_true", help="the first create of every key: made, answer lost")
     p.add_argument("--foreign-upload", choices=["stale", "fresh"], help="with it, another writer's upload of the key")
+    p.add_argument("--foreign-count", type=int, default=1, help="how many such uploads")
+    p.add_argument("--uploads-page", type=int, default=1000, help="uploads a page of ListMultipartUploads")
     ARGS = p.parse_args()
     loopback.serve_forever(Handler, ARGS.port_file)
 
