@@ -10,6 +10,7 @@
  * written locally and uploaded whole (ckpt/upload.c); a reader needs no lock
  * because a remote checkpoint becomes visible only when its index, uploaded
  * last, is there. */
+#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -394,11 +395,27 @@ int object_delete(const store_ops *s, const char *path)
  * arrived otherwise than its Content-MD5 says (400 BadDigest, sent again
  * from its bytes: http_answer_transient); single PUTs went without one, so
  * a body damaged on the way was kept, said "copied", and found damaged by
- * the next verify. The answer's ETag is the MD5 of what S3 keeps (an
- * object not encrypted with SSE-KMS or SSE-C): another one is refused as
- * damage on the way, should a store take the body unchecked. A PUT whose
+ * the next verify. The answer's ETag, where it is the MD5 of what the
+ * store keeps (etag_is_content_md5), is compared: another one is refused
+ * as damage on the way, should a store take the body unchecked. A PUT whose
  * answer was lost (a connection closed) is sent again by http.c: the same
  * bytes, so the same object and ETag, whether the first was taken or not. */
+/* Whether an answer's ETag is the MD5 of the bytes kept, so that one other
+ * than the body's is damage: an object the store does not say it encrypts
+ * (S3's ETag of an SSE-KMS or SSE-C object is no MD5, and stores that say
+ * SSE-S3, MinIO's among them, may keep another), and an ETag of an MD5's
+ * form ("32 hex digits"): a store whose ETags are something else (a
+ * SHA-1, a multipart "-N") is not refused for it; its Content-MD5, where it
+ * checks one, and the block checksums read back still find damage. */
+static int etag_is_content_md5(const http_response *r)
+{
+    size_t n = strlen(r->etag);
+    if (r->encryption[0] || n != 2 * MD5_BYTES + 2 || r->etag[0] != '"' || r->etag[n - 1] != '"') return 0;
+    for (size_t i = 1; i + 1 < n; i++)
+        if (!isxdigit((unsigned char)r->etag[i])) return 0;
+    return 1;
+}
+
 static int put_whole(const store_ops *s, object_call *c, int64_t size, const unsigned char *md5)
 {
     char content_md5[40] = "Content-MD5: ", expected[2 * MD5_BYTES + 3] = "";
@@ -410,8 +427,7 @@ static int put_whole(const store_ops *s, object_call *c, int64_t size, const uns
     }
     http_response r;
     TP_TRY(object_call_ok(s, c, &r));
-    int etag_is_md5 = strncmp(r.encryption, "aws:kms", 7) != 0 && strcmp(r.encryption, "SSE-C") != 0;
-    if (md5 && r.etag[0] && etag_is_md5 && strcasecmp(r.etag, expected) != 0)
+    if (md5 && etag_is_content_md5(&r) && strcasecmp(r.etag, expected) != 0)
         return tp_fail(TP_ERR_CHECKSUM, "PUT %s: answered HTTP %ld with ETag %s, where the %lld bytes sent have the "
                        "MD5 %s: the store keeps other bytes than were sent (damaged on the way, and its Content-MD5 "
                        "not checked?)", c->path, r.code, r.etag, (long long)size, expected);

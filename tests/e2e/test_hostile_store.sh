@@ -437,6 +437,14 @@ check_all "put-unchecked: the answer's ETag not the MD5 sent: refused as damage,
 PART_MB=64 upload put-lost
 check_all "put-lost: the answer to a PUT done lost, sent again, copied, verified there (exit $RC)" \
     '[ $RC -eq 0 ] && grep -q "^fault: put-lost put of upload .*shard_pp00_tp00.h5" "$WORK/server.err" && verified_there'
+# The ETag is compared only where it is the bytes' MD5: a store whose ETags
+# are another digest, or that says it encrypts the object (its ETag of an
+# MD5's form need not be the bytes'), is not refused for it (both were).
+for mode in etag-sha1 etag-encrypted; do
+    PART_MB=64 upload $mode
+    check_all "$mode: the ETag is no MD5 of the bytes: not compared, copied, verified there (exit $RC)" \
+        '[ $RC -eq 0 ] && verified_there && ! grep -q "the store keeps other bytes" "$WORK/.err"'
+done
 
 # Transport faults: unreadable, not damaged. A short body (its Content-Range
 # naming more than came; or its Content-Length, the connection closed) is

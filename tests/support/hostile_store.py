@@ -88,6 +88,11 @@ way listed by GET /BUCKET?uploads (ListMultipartUploads). Write modes:
                 the damaged bytes kept, answered 200 with their MD5 as ETag
   put-lost      the first PUT (whole) of every object is done, and its
                 connection closed without an answer
+  etag-sha1     PUTs (whole) answered with the SHA-1 of the bytes as ETag
+                (a store whose ETags are not MD5s), HEAD and GET alike
+  etag-encrypted  PUTs (whole) answered x-amz-server-side-encryption
+                AES256 and an ETag of an MD5's form that is not the bytes'
+                MD5 (as MinIO's encrypted objects), HEAD and GET alike
 
 A PUT with a Content-MD5 whose bytes do not match it is refused 400
 BadDigest, as S3 refuses it. --lose-create: the first CreateMultipartUpload
@@ -274,9 +279,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             f.write(data)
         os.rename(path + ".put", path)
         WRITTEN[path] = '"%s"' % hashlib.md5(data).hexdigest()
+        headers = []
+        if ARGS.mode == "etag-sha1":  # a store whose ETags are another digest
+            WRITTEN[path] = '"%s"' % hashlib.sha1(data).hexdigest()
+        elif ARGS.mode == "etag-encrypted":  # MinIO's SSE-S3: an ETag of an MD5's form, not the bytes' MD5
+            WRITTEN[path] = '"%s"' % hashlib.md5(b"sealed:" + data).hexdigest()
+            headers = [("x-amz-server-side-encryption", "AES256")]
         if ARGS.mode == "put-lost" and self.once(path, "put"):
             return self.lost()
-        self.send(200, b"", [("ETag", WRITTEN[path])])
+        self.send(200, b"", [("ETag", WRITTEN[path])] + headers)
 
     def do_POST(self):
         self.count()
