@@ -735,11 +735,11 @@ static void export_tight(ckpt_reader *r, const export_tensor *specs, int count, 
 {
     int64_t least = smallest_memory_limit(r, specs, count, options), held = resident_bytes();
     options->memory_limit = least + margin;
-    int status = TP_ERR_ARG;
-    for (int attempt = 0; attempt < 64 && status == TP_ERR_ARG; attempt++) {
+    int status = TP_ERR_LIMIT;
+    for (int attempt = 0; attempt < 64 && status == TP_ERR_LIMIT; attempt++) {
         status = export_run(r, specs, count, options, out, summary);
         int64_t grown = resident_bytes() - held;
-        if (status == TP_ERR_ARG)
+        if (status == TP_ERR_LIMIT)
             options->memory_limit = least + margin + (grown > 0 ? grown : 0) + 4096 * (int64_t)(attempt + 1);
     }
     cr_assert_eq(status, TP_OK, "%s", tp_errmsg());
