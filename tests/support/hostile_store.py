@@ -243,13 +243,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
             UPLOADS[upload_id] = {"key": path, "parts": {}, "initiated": initiated}
         return upload_id
 
-    def do_PUT(self):
+    def s3_write(self):
+        """A write's request (PUT, POST), counted: its query, body and local
+        path; None where the server is not S3's (WebDAV takes no writes)."""
         self.count()
         if not ARGS.s3:
-            return self.send(405)
+            return None
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query, keep_blank_values=True)
-        data = self.body()
-        path = self.local()
+        return query, self.body(), self.local()
+
+    def do_PUT(self):
+        write = self.s3_write()
+        if not write:
+            return self.send(405)
+        query, data, path = write
         if "uploadId" in query:
             upload_id, number = query["uploadId"][0], int(query["partNumber"][0])
             if number == 2 and ARGS.mode == "part-500" and self.once(upload_id, "part"):
@@ -290,12 +297,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send(200, b"", [("ETag", WRITTEN[path])] + headers)
 
     def do_POST(self):
-        self.count()
-        if not ARGS.s3:
+        write = self.s3_write()
+        if not write:
             return self.send(405)
-        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query, keep_blank_values=True)
-        data = self.body()
-        path = self.local()
+        query, data, path = write
         if "uploads" in query and path:
             if ARGS.mode == "create-slowdown" and self.once(path, "create"):
                 if ARGS.foreign_upload:
