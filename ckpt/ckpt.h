@@ -481,7 +481,8 @@ typedef struct ckpt_foreign_box {
 int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int compute_digests);
 /* The path of the file that holds flat row-major element `element` of
  * tensor index's logical tensor (a foreign checkpoint's rank file or
- * chunk's data file; the shard file's name in this format), or NULL. */
+ * chunk's data file; the shard file's name in this format), or, where no
+ * one file can be said, the checkpoint's path: what a message names. */
 const char *ckpt_reader_element_file(const ckpt_reader *reader, int index, int64_t element);
 /* Whether the reader reads a foreign checkpoint (no checksums of its own). */
 int ckpt_reader_is_foreign(const ckpt_reader *reader);

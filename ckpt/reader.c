@@ -1436,7 +1436,7 @@ int ckpt_reader_finish_checks(ckpt_reader *r, int *checked)
 
 const char *ckpt_reader_element_file(const ckpt_reader *r, int i, int64_t element)
 {
-    if (i < 0 || i >= r->index.num_tensors || element < 0) return NULL;
+    if (i < 0 || i >= r->index.num_tensors || element < 0) return ckpt_reader_path(r);
     const ckpt_index_tensor *it = &r->index.tensors[i];
     const ckpt_tensor_desc *t = &it->tensor.desc;
     int64_t at[CKPT_MAX_DIMS], rest = element; /* its coordinates, logical, then in its piece */
@@ -1447,11 +1447,12 @@ const char *ckpt_reader_element_file(const ckpt_reader *r, int i, int64_t elemen
     int piece = 0;
     if (t->partition.kind == CKPT_SPLIT) {
         ckpt_run run;
-        if (ckpt_partition_runs(t, r->index.layout.tp, at[t->partition.axis], 1, &run, 1) != 1) return NULL;
+        if (ckpt_partition_runs(t, r->index.layout.tp, at[t->partition.axis], 1, &run, 1) != 1)
+            return ckpt_reader_path(r);
         piece = run.rank;
         at[t->partition.axis] = run.local_start;
     }
-    if (piece >= it->num_pieces) return NULL;
+    if (piece >= it->num_pieces) return ckpt_reader_path(r);
     int f = it->pieces[piece].file_index;
     const piece_runtime *pr = &r->pieces[i][piece];
     for (int64_t k = 0; k < pr->num_boxes; k++) { /* a foreign piece's boxes: the one around it */
@@ -1463,7 +1464,7 @@ const char *ckpt_reader_element_file(const ckpt_reader *r, int i, int64_t elemen
             break;
         }
     }
-    if (f < 0 || f >= r->index.num_files) return NULL;
+    if (f < 0 || f >= r->index.num_files) return ckpt_reader_path(r);
     return r->foreign ? r->files[f].path : r->index.files[f].name;
 }
 

@@ -228,9 +228,8 @@ static int nonfinite_status(const gpt_megatron_import *x, ckpt_writer *w, const 
             for (int d = 1; d < t->desc.ndim; d++) row *= t->desc.shape[d];
             counted.first = megatron_qkv_element(x->c, counted.first, row);
         }
-        const char *file = ckpt_reader_element_file(x->source, x->source_index[i], counted.first);
-        ckpt_nonfinite_note(&found, file ? file : ckpt_reader_path(x->source), source->name, source->shape,
-                            source->ndim, counted);
+        ckpt_nonfinite_note(&found, ckpt_reader_element_file(x->source, x->source_index[i], counted.first),
+                            source->name, source->shape, source->ndim, counted);
     }
     if (options->nonfinite) *options->nonfinite = found;
     return ckpt_nonfinite_check(&found, options->allow_nonfinite, "imported", "imports");

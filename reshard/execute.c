@@ -115,9 +115,8 @@ static int nonfinite_status(const reshard_plan *plan, ckpt_writer *writer, const
         if (!counted.nans && !counted.infinities) continue;
         int source = plan->tensors[i].source;
         const ckpt_tensor_desc *src = ckpt_reader_tensor(plan->source, source);
-        const char *file = ckpt_reader_element_file(plan->source, source, counted.first);
-        ckpt_nonfinite_note(&found, file ? file : ckpt_reader_path(plan->source), src->name, src->shape, src->ndim,
-                            counted);
+        ckpt_nonfinite_note(&found, ckpt_reader_element_file(plan->source, source, counted.first), src->name,
+                            src->shape, src->ndim, counted);
     }
     if (plan->options.nonfinite) *plan->options.nonfinite = found;
     return ckpt_nonfinite_check(&found, plan->options.allow_nonfinite, "written", "carries");
