@@ -642,6 +642,14 @@ void ckpt_verify_result_free(ckpt_verify_result *result);
  * alone: a memory limit is sized from it (reshard_threads_within), so that
  * a checkpoint of kilobytes is not given 16 MiB a thread it never reads. */
 int64_t ckpt_reader_verify_thread_bytes(const ckpt_reader *reader);
+/* The verified read of one piece of tensor at degree tp as this library
+ * writes it (its checksum blocks as the writer cuts them; compressed: one
+ * block and its chunk scratch; foreign: another tool's file read as such a
+ * piece, through the bounce buffer of its boxes too): what
+ * ckpt_reader_verify_thread_bytes counts for that piece once it is written,
+ * so that an output not yet written is read back within a limit sized from
+ * its own pieces. */
+int64_t ckpt_tensor_verify_read_bytes(const ckpt_tensor_desc *tensor, int tp, int compressed, int foreign);
 
 
 

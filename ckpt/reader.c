@@ -1235,15 +1235,29 @@ static size_t digest_buffer_bytes(const ckpt_piece_geometry *g, int compressed)
     return (size_t)data + (compressed ? scratch_bytes(g) : 0);
 }
 
+/* What piece_digest holds for a piece of geometry g. */
+static int64_t piece_verify_bytes(const ckpt_piece_geometry *g, int compressed, int foreign)
+{
+    int64_t bytes = (int64_t)digest_buffer_bytes(g, compressed);
+    /* A foreign piece's rows come through the bounce buffer of its boxes (read_boxes). */
+    if (foreign) bytes += g->bytes < BOX_BOUNCE_MAX ? g->bytes : BOX_BOUNCE_MAX;
+    return bytes;
+}
+
+int64_t ckpt_tensor_verify_read_bytes(const ckpt_tensor_desc *t, int tp, int compressed, int foreign)
+{
+    ckpt_piece_geometry g;
+    ckpt_piece_geometry_init(&g, t, tp, 0); /* the writer's blocks (ckpt_piece_block_rows) */
+    return piece_verify_bytes(&g, compressed, foreign);
+}
+
 int64_t ckpt_reader_verify_thread_bytes(const ckpt_reader *r)
 {
     int64_t most = 0;
     for (int i = 0; i < r->index.num_tensors; i++)
         for (int p = 0; p < r->index.tensors[i].num_pieces; p++) {
-            const ckpt_piece_geometry *g = &r->pieces[i][p].geometry;
-            int64_t bytes = (int64_t)digest_buffer_bytes(g, r->index.tensors[i].pieces[p].compressed);
-            /* A foreign piece's rows come through the bounce buffer of its boxes (read_boxes). */
-            if (r->foreign) bytes += g->bytes < BOX_BOUNCE_MAX ? g->bytes : BOX_BOUNCE_MAX;
+            int64_t bytes = piece_verify_bytes(&r->pieces[i][p].geometry, r->index.tensors[i].pieces[p].compressed,
+                                               r->foreign);
             if (bytes > most) most = bytes;
         }
     return most;

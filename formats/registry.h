@@ -167,6 +167,8 @@ struct formats_write_summary {
     } detail[FORMATS_WRITE_DETAILS];
     char warning[512];               /* said after the write, or "": what a change of layout leaves out */
     int64_t true_vocab;              /* the output reopened for --verify with this vocabulary (a Megatron output's) */
+    int64_t read_back_bytes;         /* buffers a thread holds reading the output back (--verify, an upload's verify),
+                                        from its pieces (reshard_summary's); 0: not said, RESHARD_READ_BACK_BYTES */
     cJSON *json;                     /* the format's keys of --json ("format", "files", ...); owned by the plan */
 };
 

@@ -71,6 +71,19 @@ static void summarize(formats_write_summary *s, const char *format, int tp, int 
     cJSON_AddNumberToObject(j, "buffer_memory", (double)buffer_memory);
 }
 
+/* What reading another tool's output back needs a thread (tp-reshard
+ * --verify reopens it, its digests computed): each piece as the reader
+ * presents it at the output's degree, through the bounce buffer of its
+ * boxes, from the source's tensors (a Megatron output pads its vocabulary
+ * by at most 128 rows a rank more, which the allowance covers). */
+static void foreign_read_back(formats_write_summary *s, ckpt_reader *source)
+{
+    for (int i = 0; i < ckpt_reader_num_tensors(source); i++) {
+        int64_t need = ckpt_tensor_verify_read_bytes(ckpt_reader_tensor(source, i), s->to.tp, 0, 1);
+        if (need > s->read_back_bytes) s->read_back_bytes = need;
+    }
+}
+
 /* Adds a sentence to the summary's warning (said after the write). */
 static void warn(formats_write_summary *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void warn(formats_write_summary *s, const char *fmt, ...)
@@ -164,6 +177,7 @@ static int plan_own(formats_source *source, const formats_write_options *o, form
     snprintf(s->contents, sizeof s->contents, "%d tensors, %s read", r->tensors, read);
     s->bytes_written = r->bytes_written;
     s->threads = r->threads;
+    s->read_back_bytes = r->read_back_bytes;
     s->keeps_latest = 1;
     if (r->device_reason) snprintf(s->device, sizeof s->device, "%s: %s", r->device, r->device_reason);
     else snprintf(s->device, sizeof s->device, "%s", r->device);
@@ -312,6 +326,7 @@ static int plan_megatron(formats_source *source, const formats_write_options *o,
     TP_TRY(megatron_write_plan_create(reader, w->template, &w->options, &w->plan));
     const megatron_write_plan *p = &w->plan;
     summarize(s, "megatron-legacy", p->tp, p->pp, p->files, p->tensors, p->bytes, p->threads, p->buffer_memory);
+    foreign_read_back(s, reader);
     snprintf(s->target, sizeof s->target, "Megatron-LM tp%dpp%d, %s names", p->tp, p->pp, megatron_naming_name(names));
     snprintf(s->contents, sizeof s->contents, "%d tensors, %s", p->tensors, optimizer_text(p->optimizer));
     /* The output's vocabulary padded for its TP: described by the true size, as the source is. */
@@ -379,6 +394,7 @@ static int plan_torch_dist(formats_source *source, const formats_write_options *
     const char *common = o->common == MEGATRON_CORE_COMMON_FILE ? "common.pt: Megatron-Core up to 0.18"
                                                                 : "the common_state entry: Megatron-Core 0.19+";
     summarize(s, "megatron-torch-dist", p->tp, p->pp, p->files, p->tensors, p->bytes, p->threads, p->buffer_memory);
+    foreign_read_back(s, reader);
     snprintf(s->target, sizeof s->target, "Megatron-Core torch_dist tp%dpp%d, %s names, %s", p->tp, p->pp,
              megatron_naming_name(p->naming), common);
     snprintf(s->contents, sizeof s->contents, "%d tensors in %d chunks, %s", p->tensors, p->chunks,
@@ -442,6 +458,7 @@ static int plan_dcp(formats_source *source, const formats_write_options *o, form
     TP_TRY(dcp_write_plan_create(reader, &w->options, &w->plan));
     const dcp_write_plan *p = &w->plan;
     summarize(s, "dcp", p->tp, p->pp, p->files, p->tensors, p->bytes, p->threads, p->buffer_memory);
+    foreign_read_back(s, reader);
     snprintf(s->target, sizeof s->target, "PyTorch distributed checkpoint, tp%dpp%d%s", p->tp, p->pp,
              p->dp > 1 ? ", pieces cut over data-parallel ranks" : "");
     snprintf(s->contents, sizeof s->contents, "%d tensors in %d chunks", p->tensors, p->chunks);

@@ -246,13 +246,17 @@ static int convert(formats_source *opened, const checkpoint_format *format, form
      * back on no more threads than it leaves room for, as the write did; a
      * limit that leaves room for none is refused before anything is written
      * (the write alone may fit in less: 21 MiB against 35 for the verify of
-     * docs/BENCHMARKS.md's checkpoint). */
+     * docs/BENCHMARKS.md's checkpoint). Each thread holds what the output's
+     * pieces need as the plan says (its largest piece's slab, up to 16 MiB,
+     * and a converted tensor's source slab): a small output is read back in
+     * little. */
     int asked = options->reshard.threads, remote = ckpt_is_remote(out);
     int64_t limit = options->reshard.memory_limit;
-    int upload_threads = reshard_verify_threads(limit, asked > 0 ? asked : CKPT_TRANSFER_THREADS);
-    int threads = reshard_verify_threads(limit, asked > 0 ? asked : parallel_cpu_count());
+    int64_t need = s->read_back_bytes > 0 ? s->read_back_bytes : RESHARD_READ_BACK_BYTES;
+    int upload_threads = reshard_verify_threads(limit, asked > 0 ? asked : CKPT_TRANSFER_THREADS, need);
+    int threads = reshard_verify_threads(limit, asked > 0 ? asked : parallel_cpu_count(), need);
     if ((verify || remote) && (threads < 1 || upload_threads < 1)) {
-        int refused = reshard_memory_refusal(limit, RESHARD_READ_BACK_BYTES, 0, "%s, reading the output back in slabs",
+        int refused = reshard_memory_refusal(limit, need, 0, "%s, reading the output back in slabs",
                                              verify ? "--verify" : "the upload");
         formats_write_plan_free(plan);
         return cli_status_error("tp-reshard", refused);

@@ -66,6 +66,11 @@ struct reshard_plan {
     reshard_summary summary;
 };
 
+/* Bytes of the buffer reshard_verify's thread keeps to digest source tensor
+ * `source` converted to dtype (a slab of its rows and the same converted);
+ * 0 where the dtype is kept. */
+int64_t reshard_converted_digest_bytes(const ckpt_tensor_desc *source, tp_dtype dtype);
+
 /* Fills ops for one slab (reusing its arrays). */
 int reshard_slab_ops(const reshard_plan *plan, const slab *s, slab_ops *ops);
 void reshard_slab_ops_free(slab_ops *ops);

@@ -536,6 +536,17 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
     s->threads = threads;
     s->slab_bytes = plan->max_staging_bytes > plan->max_output_bytes ? plan->max_staging_bytes : plan->max_output_bytes;
     s->buffer_memory = threads * (plan->max_staging_bytes + plan->max_output_bytes);
+    /* A reading-back thread keeps its largest piece's buffer and its largest
+     * converted slab's from tensor to tensor (scratch_buffer): both at once. */
+    int64_t piece_read = 0, converted = 0;
+    for (int i = 0; i < plan->num_tensors; i++) {
+        const tensor_plan *t = &plan->tensors[i];
+        int64_t read = ckpt_tensor_verify_read_bytes(&t->out.desc, plan->to.tp, plan->compress_level > 0, 0);
+        int64_t slab = reshard_converted_digest_bytes(ckpt_reader_tensor(source, t->source), t->out.desc.dtype);
+        if (read > piece_read) piece_read = read;
+        if (slab > converted) converted = slab;
+    }
+    s->read_back_bytes = piece_read + converted;
     s->memory_limit = limit;
     s->device = plan->use_cuda ? "cuda" : "cpu";
     *out = plan;

@@ -45,9 +45,11 @@ int reshard_memory_refusal(int64_t limit, int64_t need, int zstd, const char *wh
 /* Bytes a thread reads into when a checkpoint is read back whole (verified,
  * its digests computed, downloaded in parts and verified): slabs of up to
  * 16 MiB (ckpt_verify's, reshard_verify's; a download's parts are 8). What
- * an output not yet written is read back in; a checkpoint at hand needs its
- * own, which is less where its pieces are smaller
- * (ckpt_reader_verify_thread_bytes, ckpt_reader_transfer_thread_bytes). */
+ * an output not yet written is read back in when its writer does not say
+ * what its pieces need (reshard_summary.read_back_bytes says it for this
+ * format's); a checkpoint at hand needs its own, which is less where its
+ * pieces are smaller (ckpt_reader_verify_thread_bytes,
+ * ckpt_reader_transfer_thread_bytes). */
 #define RESHARD_READ_BACK_BYTES CKPT_VERIFY_READ_BYTES
 
 typedef enum { RESHARD_DEVICE_AUTO = 0, RESHARD_DEVICE_CPU, RESHARD_DEVICE_CUDA } reshard_device;
@@ -98,6 +100,10 @@ typedef struct {
     int threads;
     int64_t slab_bytes;       /* largest slab: staging and output buffer, each */
     int64_t buffer_memory;    /* buffers of all threads together */
+    int64_t read_back_bytes;  /* buffers one thread holds reading the output back (reshard_verify, and the
+                                 ckpt_verify before an upload): the largest verified read of an output piece
+                                 (ckpt_tensor_verify_read_bytes) and, where a dtype changes, the largest
+                                 source slab digested converted beside it (both kept by the thread) */
     int64_t memory_limit;
     const char *device;       /* "cpu" or "cuda" */
     const char *device_reason; /* why --device auto chose it; NULL when the options named the device */
@@ -131,11 +137,13 @@ int reshard_verify(ckpt_reader *source, ckpt_reader *output, int threads, reshar
  * limit (limit; 0: RESHARD_DEFAULT_MEMORY) after it is written: reshard_verify,
  * reopening it to compute its digests, verifying and uploading it to an object
  * store. The limit bounds the whole run, not the write alone, and each such
- * thread reads slabs of RESHARD_READ_BACK_BYTES beside its scratch
- * (reshard_threads_within). 0 when not one fits: a limit the write fits in
- * (its slabs may be a checksum block) may leave no room to read it back, and
- * is refused before anything is written (reshard_memory_refusal). */
-int reshard_verify_threads(int64_t limit, int threads);
+ * thread holds `need` bytes of buffers beside its scratch
+ * (reshard_threads_within): what the output's pieces need
+ * (reshard_summary.read_back_bytes), or where that is not known (need <= 0)
+ * slabs of RESHARD_READ_BACK_BYTES. 0 when not one fits: a limit the write
+ * fits in (its slabs may be a checksum block) may leave no room to read it
+ * back, and is refused before anything is written (reshard_memory_refusal). */
+int reshard_verify_threads(int64_t limit, int threads, int64_t need);
 
 /* Reads piece `piece` of tensor `index` of source as it is laid out at degree
  * tp (target: the source's description, the dtype possibly changed) into

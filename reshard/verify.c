@@ -19,18 +19,35 @@ typedef struct {
     char (*reason)[512];
 } verify_job;
 
+/* Logical rows of source tensor t that converted_digest reads at a time
+ * (about VERIFY_SLAB_BYTES as fp32, at least one row), *row its elements a row. */
+static int64_t converted_slab_rows(const ckpt_tensor_desc *t, int64_t *row)
+{
+    *row = 1;
+    for (int d = 1; d < t->ndim; d++) *row *= t->shape[d];
+    int64_t rows = VERIFY_SLAB_BYTES / (*row * 4);
+    if (rows < 1) rows = 1;
+    if (rows > t->shape[0]) rows = t->shape[0];
+    return rows;
+}
+
 /* Digest of a source tensor converted to dtype, slab by slab of logical rows. */
 static int converted_digest(ckpt_reader *source, int index, tp_dtype dtype, uint64_t *out)
 {
     const ckpt_tensor_desc *t = ckpt_reader_tensor(source, index);
-    int64_t row = 1;
-    for (int d = 1; d < t->ndim; d++) row *= t->shape[d];
-    int64_t rows = VERIFY_SLAB_BYTES / (row * 4);
-    if (rows < 1) rows = 1;
-    if (rows > t->shape[0]) rows = t->shape[0];
+    int64_t row;
+    int64_t rows = converted_slab_rows(t, &row);
     size_t src_bytes = (size_t)(rows * row) * tp_dtype_size(t->dtype);
-    char *raw = alloc_pages(src_bytes), *converted = alloc_pages((size_t)(rows * row) * tp_dtype_size(dtype));
-    int status = raw && converted ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    size_t src_pages = (src_bytes + 4095) / 4096 * 4096; /* the converted values page-aligned after the raw */
+    /* [rows of the source][the same converted] (reshard_converted_digest_bytes,
+     * which the plan counts): the thread's, kept from tensor to tensor.
+     * Allocated and freed per tensor, the freed slabs stayed resident in the
+     * thread's heap (glibc raises its mmap threshold to a freed mapping's
+     * size, so the next came from the heap): one thread of --verify --dtype
+     * bf16 peaked at 72 MiB with 38 MiB live. */
+    char *raw = scratch_buffer(SCRATCH_STAGING, (size_t)reshard_converted_digest_bytes(t, dtype));
+    char *converted = raw ? raw + src_pages : NULL;
+    int status = raw ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     uint64_t digest = 0;
     for (int64_t r = 0; r < t->shape[0] && !status; r += rows) {
         int64_t start[CKPT_MAX_DIMS] = {0}, count[CKPT_MAX_DIMS];
@@ -46,8 +63,6 @@ static int converted_digest(ckpt_reader *source, int index, tp_dtype dtype, uint
         if (status) break;
         digest += ckpt_digest_run(converted, tp_dtype_size(dtype), r * row, count[0] * row);
     }
-    free(raw);
-    free(converted);
     *out = digest;
     return status;
 }
@@ -90,10 +105,18 @@ static int verify_tensor(void *ctx, int64_t i, int thread)
     return 0;
 }
 
-int reshard_verify_threads(int64_t limit, int threads)
+int64_t reshard_converted_digest_bytes(const ckpt_tensor_desc *source, tp_dtype dtype)
+{
+    if (source->dtype == dtype) return 0;
+    int64_t row, rows = converted_slab_rows(source, &row);
+    int64_t src_bytes = rows * row * (int64_t)tp_dtype_size(source->dtype);
+    return (src_bytes + 4095) / 4096 * 4096 + rows * row * (int64_t)tp_dtype_size(dtype);
+}
+
+int reshard_verify_threads(int64_t limit, int threads, int64_t need)
 {
     int64_t share;
-    return reshard_threads_within(limit, threads, VERIFY_SLAB_BYTES, 0, &share);
+    return reshard_threads_within(limit, threads, need > 0 ? need : RESHARD_READ_BACK_BYTES, 0, &share);
 }
 
 int reshard_verify(ckpt_reader *source, ckpt_reader *output, int threads, reshard_verify_result *result)

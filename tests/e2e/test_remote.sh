@@ -169,6 +169,15 @@ assert j["peak_rss_bytes"] <= 64 * 2**20, (j["peak_rss_bytes"], j["threads"])' "
         expect_ok "verified from the URL within 32M" "$CK" verify "$U/small-up" --threads 8 --memory-limit 32M
         check "its peak memory within 32M" "$PY" "$ROOT/tests/support/peak_within.py" "$WORK/.out" 32
         expect_ok "what went up is what came down" "$CK" diff "$WORK/small-down" "$U/r-remote"
+        # tp-reshard's upload reads a small output back in what its pieces
+        # need, not 16 MiB a transfer: refused below 42M before.
+        expect_ok "reshard a small checkpoint local -> remote on 8 threads within 28M (refused before)" \
+            "$RS" "$WORK/small-down" --to tp2pp1 -o "$U/small-up2" --threads 8 --memory-limit 28M --json
+        check "its peak RSS, the upload's included, within 28M" "$PY" -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["peak_rss_bytes"] <= 28 * 2**20, j["peak_rss_bytes"]' "$WORK/.out"
+        expect_ok "what went up is the source" "$CK" diff "$WORK/small-down" "$U/small-up2"
         rm -rf "$WORK/small-down"
     fi
     expect_ok "reshard remote -> remote --verify" "$RS" "$U/run/step_00000010" --to tp1pp2 -o "$U/r-remote2" --verify

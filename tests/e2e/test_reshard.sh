@@ -222,6 +222,33 @@ assert j["verified"] and j["peak_rss_bytes"] <= 48 * 2**20, j["peak_rss_bytes"]'
             --threads 8 --memory-limit 28M
         check "its peak memory within 28M" "$PY" "$ROOT/tests/support/peak_within.py" "$WORK/.out" 28
     done
+    # So does tp-reshard --verify, from the output's pieces as planned: a
+    # small output was refused below 42M (16 MiB a thread); 16 MiB measured
+    # (this format's), 14 (a DCP's).
+    for format in tp dcp; do
+        rm -rf "$WORK/small1"
+        expect_ok "tp-reshard --verify of a small $format output on 8 threads within 28M (refused before)" "$RS" \
+            "$WORK/small" --to tp1 --format $format -o "$WORK/small1" --threads 8 --memory-limit 28M --verify --json
+        check "its peak RSS, the verify's included, within 28M" "$PY" -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["verified"] and j["peak_rss_bytes"] <= 28 * 2**20, j["peak_rss_bytes"]' "$WORK/.out"
+    done
+    # A converted output's verify digests the source's slab converted beside
+    # the piece it reads (16 + 24 MiB a thread here): counted as 16, it was
+    # admitted at 64M and peaked at 72 MiB; now refused there, within 80M.
+    rm -rf "$WORK/big3"
+    expect_error "--dtype bf16 --verify within 64M: refused for the read-back" 2 \
+        "memory limit of 64.00 MiB is too small: one thread needs at least [0-9.]+ MiB: --verify, reading the output back in slabs: 40.00 MiB of buffers" \
+        "$RS" "$WORK/big" --to tp2 --dtype bf16 -o "$WORK/big3" --memory-limit 64M --threads 8 --verify
+    check "nothing written" [ ! -e "$WORK/big3" ]
+    expect_ok "--dtype bf16 --verify on 8 threads within 80M" "$RS" "$WORK/big" --to tp2 --dtype bf16 -o "$WORK/big3" \
+        --memory-limit 80M --threads 8 --verify --json
+    check "its peak RSS, the verify's included, within 80M" "$PY" -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["verified"] and j["peak_rss_bytes"] <= 80 * 2**20, j["peak_rss_bytes"]' "$WORK/.out"
+    rm -rf "$WORK/big3" "$WORK/small1"
     rm -rf "$WORK/small" "$WORK/small_dcp" "$WORK/small_meg"
 fi
 expect_ok "and it is right" "$CK" diff "$WORK/big" "$WORK/big2"

@@ -242,12 +242,77 @@ Test(reshard, impossible_targets_name_the_tensor)
 Test(reshard, verify_threads_within_memory)
 {
     int64_t held = resident_bytes(), mib = 1 << 20;
-    cr_assert_eq(reshard_verify_threads(held + 30 * mib, 8), 1);
-    cr_assert_eq(reshard_verify_threads(1, 8), 0, "none fits: the caller refuses the limit");
-    cr_assert_eq(reshard_verify_threads((int64_t)1 << 30, 8), 8);
-    cr_assert_eq(reshard_verify_threads(0, 4), 4, "0 is the default limit, 1 GiB");
-    int some = reshard_verify_threads(256 << 20, 64);
+    cr_assert_eq(reshard_verify_threads(held + 30 * mib, 8, 0), 1);
+    cr_assert_eq(reshard_verify_threads(1, 8, 0), 0, "none fits: the caller refuses the limit");
+    cr_assert_eq(reshard_verify_threads((int64_t)1 << 30, 8, 0), 8);
+    cr_assert_eq(reshard_verify_threads(0, 4, 0), 4, "0 is the default limit, 1 GiB");
+    int some = reshard_verify_threads(256 << 20, 64, 0);
     cr_assert(some > 1 && some < 64, "%d threads within 256 MiB", some);
+}
+
+/* The plan says what reading its output back needs a thread, from the
+ * output's own pieces: what the reader counts once it is written
+ * (ckpt_reader_verify_thread_bytes), plain or compressed, with the source
+ * slab of a converted tensor on top; far below the 16 MiB slab for small
+ * pieces, so --verify and an upload are not refused limits they fit in.
+ * (Until 2026-12-02 every output was read back at 16 MiB a thread.) */
+Test(reshard, read_back_sized_by_the_output)
+{
+    test_tensor tensors[2];
+    static const int64_t shapes[2][2] = {{96, 40}, {4096, 320}}; /* 15 KiB, 5 MiB */
+    for (int i = 0; i < 2; i++) {
+        memset(&tensors[i], 0, sizeof tensors[i]);
+        snprintf(tensors[i].name, sizeof tensors[i].name, "model/w%d", i);
+        tensors[i].desc = (ckpt_tensor_desc){.name = tensors[i].name, .dtype = TP_FP32, .ndim = 2,
+                                             .shape = {shapes[i][0], shapes[i][1]}, .anchor = CKPT_ANCHOR_FIRST};
+        tensors[i].desc.partition = (ckpt_partition){CKPT_SPLIT, i, 0, {0}, 0, 0, 0};
+        tensors[i].desc.role = "param"; /* converted by --dtype */
+        int64_t count = shapes[i][0] * shapes[i][1];
+        float *values = malloc((size_t)count * sizeof *values); /* within bf16's range */
+        for (int64_t k = 0; k < count; k++) values[k] = (float)(next_random() % 2001) / 1000.0f - 1.0f;
+        tensors[i].logical = (uint8_t *)values;
+    }
+    char source[600], target[600];
+    snprintf(source, sizeof source, "%s/src", dir);
+    ckpt_layout layout = {4, 1, 1, 1, 1};
+    write_tensors(source, &layout, tensors, 1, 0, 1); /* the small tensor alone */
+    snprintf(target, sizeof target, "%s/src_both", dir);
+    write_tensors(target, &layout, tensors, 2, 0, 1);
+    struct {
+        const char *from;
+        int tp, compress, dtype;
+    } cases[] = {{source, 2, 0, -1}, {source, 1, 1, -1}, {target, 2, 0, -1}, {target, 8, 1, -1}, {target, 1, 0, TP_BF16}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ckpt_reader *r, *out;
+        cr_assert_eq(ckpt_reader_open(&r, cases[c].from, NULL), TP_OK, "%s", tp_errmsg());
+        reshard_options options;
+        reshard_options_init(&options);
+        options.tp = cases[c].tp;
+        options.compress_level = cases[c].compress;
+        options.param_dtype = cases[c].dtype;
+        options.device = RESHARD_DEVICE_CPU;
+        reshard_plan *plan;
+        cr_assert_eq(reshard_plan_create(&plan, r, &options), TP_OK, "%s", tp_errmsg());
+        int64_t planned = reshard_plan_summary(plan)->read_back_bytes;
+        char out_path[700];
+        snprintf(out_path, sizeof out_path, "%s/out%zu", dir, c);
+        cr_assert_eq(reshard_execute(plan, out_path), TP_OK, "%s", tp_errmsg());
+        reshard_plan_free(plan);
+        cr_assert_eq(ckpt_reader_open(&out, out_path, NULL), TP_OK, "%s", tp_errmsg());
+        int64_t counted = ckpt_reader_verify_thread_bytes(out);
+        if (cases[c].dtype < 0) cr_assert_eq(planned, counted, "case %zu: planned %lld, the output's reader %lld", c,
+                                             (long long)planned, (long long)counted);
+        else cr_assert(planned > counted, "case %zu: the converted source slab on top: %lld", c, (long long)planned);
+        cr_assert(planned > 0 && planned <= RESHARD_READ_BACK_BYTES + (8 << 20), "case %zu: %lld", c, (long long)planned);
+        if (cases[c].from == source) cr_assert(planned < (64 << 10), "case %zu: a 15 KiB tensor: %lld", c, (long long)planned);
+        ckpt_reader_close(out);
+        ckpt_reader_close(r);
+    }
+    /* A small need leaves room for more readers than the 16 MiB slab. */
+    int64_t held = resident_bytes(), mib = 1 << 20;
+    cr_assert_eq(reshard_verify_threads(held + 30 * mib, 8, 0), 1);
+    cr_assert_eq(reshard_verify_threads(held + 30 * mib, 8, 64 << 10), 5, "8 + 5 x (4 MiB + 64 KiB) within 30 MiB");
+    for (int i = 0; i < 2; i++) free(tensors[i].logical);
 }
 
 /* The allowance beside the buffers is the measured one (ckpt.h,
@@ -259,8 +324,8 @@ Test(reshard, verify_threads_within_memory)
 Test(reshard, threads_within_measured_allowance)
 {
     int64_t held = resident_bytes(), share = -1, mib = 1 << 20;
-    cr_assert_eq(reshard_verify_threads(held + 50 * mib, 2), 2, "two 16 MiB readers beside 8 + 2 x 4 MiB");
-    cr_assert_eq(reshard_verify_threads(held + 50 * mib, 8), 2);
+    cr_assert_eq(reshard_verify_threads(held + 50 * mib, 2, 0), 2, "two 16 MiB readers beside 8 + 2 x 4 MiB");
+    cr_assert_eq(reshard_verify_threads(held + 50 * mib, 8, 0), 2);
     cr_assert_eq(reshard_threads_within(held + 20 * mib, 8, 4 * mib, 0, &share), 1);
     cr_assert(share >= 4 * mib && share <= 12 * mib, "%lld", (long long)share);
     cr_assert_eq(reshard_threads_within(held + 20 * mib, 1, 4 * mib, 1, &share), 0, "zstd: 24 MiB + 16 a thread");
