@@ -255,7 +255,7 @@ Test(reshard, verify_threads_within_memory)
  * (ckpt_reader_verify_thread_bytes), plain or compressed, with the source
  * slab of a converted tensor on top; far below the 16 MiB slab for small
  * pieces, so --verify and an upload are not refused limits they fit in.
- * (Until 2026-12-02 every output was read back at 16 MiB a thread.) */
+ * (Until 2026-12-01 every output was read back at 16 MiB a thread.) */
 Test(reshard, read_back_sized_by_the_output)
 {
     test_tensor tensors[2];
