@@ -470,12 +470,19 @@ typedef struct ckpt_foreign_check {
  * the checkpoint's files: a PyTorch distributed checkpoint's chunk. The
  * boxes of a piece must not overlap, must lie inside it and must cover
  * every element of it that is not padding (checked at open); padding reads
- * as zeros. A box may be empty (a count of 0). */
+ * as zeros. A box may be empty (a count of 0).
+ * A box may instead be stored dense in another order of its dimensions
+ * (permuted not 0): order[0] outermost in memory, order[ndim - 1]
+ * innermost (a transposed [R, C] box, strides (1, R): order (1, 0); a
+ * channels_last [N, C, H, W] one: (0, 2, 3, 1)); the reader reads its bytes
+ * in slabs and permutes them into row-major in memory (read_boxes). */
 typedef struct ckpt_foreign_box {
     int file;
     int64_t offset;
     int64_t start[CKPT_MAX_DIMS];
     int64_t count[CKPT_MAX_DIMS];
+    int permuted;
+    int order[CKPT_MAX_DIMS];
 } ckpt_foreign_box;
 
 int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int compute_digests);
@@ -650,6 +657,11 @@ int64_t ckpt_reader_verify_thread_bytes(const ckpt_reader *reader);
  * so that an output not yet written is read back within a limit sized from
  * its own pieces. */
 int64_t ckpt_tensor_verify_read_bytes(const ckpt_tensor_desc *tensor, int tp, int compressed, int foreign);
+/* Bytes of buffers a thread reading this checkpoint (ckpt_reader_read_rows
+ * and the other reads) keeps from call to call, beside CKPT_THREAD_MEMORY
+ * and the caller's buffers: a foreign piece's rows of a box stored in
+ * another order (ckpt_foreign_box.permuted), up to 8 MiB; 0 for most. */
+int64_t ckpt_reader_read_thread_bytes(const ckpt_reader *reader);
 
 
 

@@ -81,6 +81,8 @@ struct ckpt_reader {
     ckpt_layout saved;      /* such a checkpoint's layout when saved, if read at another (tp 0: none) */
     foreign_checks *checks; /* the checksums such files record, checked as they are read */
     int recorded_digests;   /* such a checkpoint records its tensors' logical digests (recorded_digests) */
+    uint64_t serial;        /* this reader among those of the process (a thread's permuted rows, read_boxes) */
+    int64_t permuted_rows_bytes; /* those rows' buffer a thread holds at most (0: no box stored permuted) */
     uint64_t index_digest;  /* XXH64 of the index text read at open (ckpt_reader_changed) */
     int64_t index_size;
 };
@@ -912,6 +914,228 @@ static int64_t element_bytes(const ckpt_piece_geometry *g)
     return elem;
 }
 
+/* ------------------------------------------ boxes stored in another order */
+
+/* Copies count elements of elem bytes from src, stride src_stride bytes
+ * apart, to dst, one after another (the usual sizes as fixed moves). */
+static void gather_elements(char *dst, const char *src, int64_t src_stride, int64_t count, int64_t elem)
+{
+#define GATHER(size)                                                                                                   \
+    for (int64_t k = 0; k < count; k++) memcpy(dst + k * (size), src + k * src_stride, (size));                        \
+    break
+    switch (elem) {
+    case 1: GATHER(1);
+    case 2: GATHER(2);
+    case 4: GATHER(4);
+    case 8: GATHER(8);
+    case 16: GATHER(16);
+    default: GATHER(elem);
+    }
+#undef GATHER
+}
+
+/* Elements of a tile's side in permuted_copy: a 32 x 32 tile of 8-byte
+ * elements is 8 KiB read and 8 KiB written, in L1. */
+#define PERMUTE_TILE 32
+
+/* Copies the box of extents n (logical dimensions) from src to dst, each
+ * addressed by byte strides per logical dimension: dst's row-major (its
+ * dimension ndim - 1 innermost), src's those of an order whose innermost
+ * dimension is src_inner. Where the two innermost differ (a transpose),
+ * their plane is copied in tiles of PERMUTE_TILE x PERMUTE_TILE, so that
+ * the lines a tile reads and writes stay in cache: copied a column at a
+ * time, every element written touched another cache line (most of the
+ * 9.4x a transposed [4096, 4096] chunk took; docs/BENCHMARKS.md). */
+static void permuted_copy(const char *src, const int64_t *src_stride, char *dst, const int64_t *dst_stride,
+                          const int64_t *n, int ndim, int src_inner, int64_t elem)
+{
+    int a = ndim - 1, b = src_inner; /* dst's innermost, src's */
+    int64_t idx[CKPT_MAX_DIMS] = {0};
+    for (;;) {
+        const char *s0 = src;
+        char *d0 = dst;
+        for (int d = 0; d < ndim; d++)
+            if (d != a && d != b) {
+                s0 += idx[d] * src_stride[d];
+                d0 += idx[d] * dst_stride[d];
+            }
+        if (a == b) memcpy(d0, s0, (size_t)(n[a] * elem)); /* contiguous in both */
+        else
+            for (int64_t i0 = 0; i0 < n[b]; i0 += PERMUTE_TILE)
+                for (int64_t j0 = 0; j0 < n[a]; j0 += PERMUTE_TILE) {
+                    int64_t i1 = i0 + PERMUTE_TILE < n[b] ? i0 + PERMUTE_TILE : n[b];
+                    int64_t j1 = j0 + PERMUTE_TILE < n[a] ? j0 + PERMUTE_TILE : n[a];
+                    for (int64_t i = i0; i < i1; i++)
+                        gather_elements(d0 + i * dst_stride[b] + j0 * elem, s0 + i * src_stride[b] + j0 * src_stride[a],
+                                        src_stride[a], j1 - j0, elem);
+                }
+        int d = ndim - 1;
+        for (; d >= 0; d--) {
+            if (d == a || d == b) continue;
+            if (++idx[d] < n[d]) break;
+            idx[d] = 0;
+        }
+        if (d < 0) return;
+    }
+}
+
+/* Bytes read at once from a box stored in another order may exceed the
+ * bytes it gives by this factor (the parts of its stored runs the region
+ * does not need, read over instead of stepped over one read a run). */
+#define PERMUTED_SPAN_WASTE 4
+
+/* Reads the region [lo, lo + n) (the piece's coordinates) of box b, stored
+ * dense in b->order, into dst at frame `at` (origin: where lo lands). The
+ * region, in the box's stored order, is read in slabs along one stored
+ * dimension `axis`: one index of each dimension outside it, a group of
+ * indices along it, all the region needs of the dimensions inside it,
+ * axis the outermost whose inner part fits BOX_BOUNCE_MAX (a transposed
+ * [R, C] box: a group of its C stored columns). A slab is read whole, the
+ * bytes from its first element needed to its last (at most
+ * PERMUTED_SPAN_WASTE times what it gives), or else one read per run it
+ * needs, packed; then permuted into dst by permuted_copy. Its buffer is
+ * the bounce buffer of the row-major boxes, at most BOX_BOUNCE_MAX and
+ * the piece's bytes: what ckpt_reader_verify_thread_bytes accounts a
+ * thread of a foreign reader. */
+static int read_permuted_box(const piece_ctx *c, const ckpt_foreign_box *b, const int64_t *lo, const int64_t *n, char *dst,
+                             const box_frame *at, int64_t elem)
+{
+    int ndim = c->pr->geometry.ndim;
+    const int *o = b->order;
+    /* Stored order: the box's shape, the region's start and extents, byte strides. */
+    int64_t shape[CKPT_MAX_DIMS], s_lo[CKPT_MAX_DIMS], s_n[CKPT_MAX_DIMS], s_stride[CKPT_MAX_DIMS];
+    for (int j = 0; j < ndim; j++) {
+        shape[j] = b->count[o[j]];
+        s_lo[j] = lo[o[j]] - b->start[o[j]];
+        s_n[j] = n[o[j]];
+    }
+    s_stride[ndim - 1] = elem;
+    for (int j = ndim - 2; j >= 0; j--) s_stride[j] = s_stride[j + 1] * shape[j + 1];
+    /* dst's byte strides per logical dimension, and the region's first element there. */
+    int64_t d_stride[CKPT_MAX_DIMS];
+    d_stride[ndim - 1] = elem;
+    for (int d = ndim - 2; d >= 0; d--) d_stride[d] = d_stride[d + 1] * at->shape[d + 1];
+    char *dst0 = dst;
+    for (int d = 0; d < ndim; d++) dst0 += at->origin[d] * d_stride[d];
+    /* The slab axis, the bytes one index of it needs and spans in the file. */
+    int64_t cap = c->pr->geometry.bytes < BOX_BOUNCE_MAX ? c->pr->geometry.bytes : BOX_BOUNCE_MAX;
+    int axis = ndim - 1;
+    int64_t inner_needed = elem;
+    while (axis > 0 && inner_needed * s_n[axis] <= cap) inner_needed *= s_n[axis--];
+    int64_t inner_span = elem;
+    for (int j = axis + 1; j < ndim; j++) inner_span += (s_n[j] - 1) * s_stride[j];
+    char *bounce = (char *)scratch_buffer(SCRATCH_BOUNCE, (size_t)cap);
+    if (!bounce) return tp_fail(TP_ERR_NOMEM, "out of memory for a %lld-byte read buffer", (long long)cap);
+    int64_t idx[CKPT_MAX_DIMS] = {0}; /* along the stored dimensions outside axis */
+    int status = TP_OK;
+    for (;;) {
+        for (int64_t r = 0; r < s_n[axis] && !status;) {
+            int64_t left = s_n[axis] - r;
+            /* The slab's first element, in the box's bytes and in dst. */
+            int64_t base = (s_lo[axis] + r) * s_stride[axis];
+            char *to = dst0 + r * d_stride[o[axis]];
+            for (int j = 0; j < ndim; j++) {
+                if (j < axis) {
+                    base += (s_lo[j] + idx[j]) * s_stride[j];
+                    to += idx[j] * d_stride[o[j]];
+                } else if (j > axis) base += s_lo[j] * s_stride[j];
+            }
+            int64_t group = inner_span <= cap ? 1 + (cap - inner_span) / s_stride[axis] : 0;
+            if (group > left) group = left;
+            int64_t span = (group - 1) * s_stride[axis] + inner_span;
+            int64_t counts[CKPT_MAX_DIMS], src_stride[CKPT_MAX_DIMS]; /* per logical dimension */
+            if (group > 0 && span <= PERMUTED_SPAN_WASTE * group * inner_needed) { /* the slab's bytes whole */
+                status = read_data(c->r, b->file, bounce, (size_t)span, b->offset + base);
+                for (int j = 0; j < ndim; j++) src_stride[o[j]] = s_stride[j];
+            } else { /* its runs, packed: [group, s_n[axis + 1], ...] */
+                group = cap / inner_needed < left ? cap / inner_needed : left;
+                box_frame file = {ndim, {0}, {0}}, packed = {ndim, {0}, {0}};
+                int64_t sub[CKPT_MAX_DIMS];
+                for (int j = 0; j < ndim; j++) {
+                    file.shape[j] = shape[j];
+                    file.origin[j] = s_lo[j] + (j < axis ? idx[j] : j == axis ? r : 0);
+                    packed.shape[j] = sub[j] = j < axis ? 1 : j == axis ? group : s_n[j];
+                }
+                box_pread_ctx pc = {c->r, b->file, b->offset, bounce};
+                status = box_runs(&file, &packed, sub, ndim, elem, box_pread_run, &pc);
+                int64_t stride = elem;
+                for (int j = ndim - 1; j >= 0; j--) {
+                    src_stride[o[j]] = stride;
+                    stride *= packed.shape[j];
+                }
+            }
+            for (int j = 0; j < ndim; j++) counts[o[j]] = j < axis ? 1 : j == axis ? group : s_n[j];
+            if (!status) permuted_copy(bounce, src_stride, to, d_stride, counts, ndim, o[ndim - 1], elem);
+            r += group;
+        }
+        int j = axis - 1;
+        while (j >= 0 && ++idx[j] == s_n[j]) idx[j--] = 0;
+        if (j < 0 || status) return status;
+    }
+}
+
+/* Bytes of a box stored in another order that a thread keeps in
+ * row-major, rows of it (its dimension 0) at a time: the reshard asks for a
+ * few hundred rows of a piece at a time (4 MiB slabs), and each such request
+ * read from a transposed box alone is a read per stored column of a
+ * few hundred elements (a [4096, 4096] one: a million reads). Kept, the
+ * rows of 8 MiB serve the requests that follow them; read with runs 2 KiB
+ * long at least (a [4096, 4096] fp32 box: 512 rows, 4,096 reads). */
+#define PERMUTED_ROWS_MAX ((int64_t)8 << 20)
+
+/* The rows a thread keeps (in its SCRATCH_PERMUTED buffer): rows [row0,
+ * row1) of box `box` of piece `piece` of tensor `tensor` of the reader of
+ * serial `reader`, row-major, every other dimension whole. */
+typedef struct {
+    uint64_t reader;
+    int tensor, piece;
+    int64_t box, row0, row1;
+    const char *data; /* the buffer they were read into (another: gone) */
+} permuted_rows;
+static _Thread_local permuted_rows kept_rows;
+static _Atomic uint64_t reader_serials;
+
+/* Reads the region [lo, lo + n) of box k of a piece, stored permuted, into
+ * dst at frame `at` from the rows the thread keeps, read first where they
+ * do not hold it: rows [lo[0], lo[0] + PERMUTED_ROWS_MAX worth) of the
+ * box, whole in every other dimension, permuted into row-major. A region
+ * larger than those rows is read straight into dst. */
+static int read_permuted_rows(const piece_ctx *c, int64_t k, const int64_t *lo, const int64_t *n, char *dst,
+                              const box_frame *at, int64_t elem)
+{
+    const ckpt_foreign_box *b = &c->pr->boxes[k];
+    int ndim = c->pr->geometry.ndim;
+    int64_t row_bytes = elem;
+    for (int d = 1; d < ndim; d++) row_bytes *= b->count[d];
+    int64_t rows = c->r->permuted_rows_bytes / row_bytes; /* kept at once */
+    if (rows > b->count[0]) rows = b->count[0];
+    if (n[0] > rows) return read_permuted_box(c, b, lo, n, dst, at, elem);
+    char *data = scratch_buffer(SCRATCH_PERMUTED, (size_t)(rows * row_bytes));
+    if (!data) return tp_fail(TP_ERR_NOMEM, "out of memory for %lld bytes of rows", (long long)(rows * row_bytes));
+    permuted_rows *kept = &kept_rows;
+    if (kept->data != data || kept->reader != c->r->serial || kept->tensor != c->tensor || kept->piece != c->piece ||
+        kept->box != k || lo[0] < kept->row0 || lo[0] + n[0] > kept->row1) {
+        kept->data = NULL;
+        int64_t row0 = lo[0] - b->start[0]; /* in the box */
+        if (row0 > b->count[0] - rows) row0 = b->count[0] - rows;
+        int64_t from[CKPT_MAX_DIMS], all[CKPT_MAX_DIMS];
+        box_frame frame = {ndim, {0}, {0}};
+        for (int d = 0; d < ndim; d++) {
+            from[d] = b->start[d] + (d == 0 ? row0 : 0);
+            all[d] = frame.shape[d] = d == 0 ? rows : b->count[d];
+        }
+        TP_TRY(read_permuted_box(c, b, from, all, data, &frame, elem));
+        *kept = (permuted_rows){c->r->serial, c->tensor, c->piece, k, from[0], from[0] + rows, data};
+    }
+    box_frame src = {ndim, {0}, {0}};
+    for (int d = 0; d < ndim; d++) {
+        src.shape[d] = d == 0 ? kept->row1 - kept->row0 : b->count[d];
+        src.origin[d] = lo[d] - (d == 0 ? kept->row0 : b->start[d]);
+    }
+    copy_ctx cc = {data, dst};
+    return box_runs(&src, at, n, ndim, elem, copy_run, &cc);
+}
+
 /* Reads the box [start, start + count) of a piece stored as boxes into the
  * box of dst at dst_frame->origin: for each stored box it meets, the rows
  * of that box the region needs, read whole (each box's rows lie
@@ -948,6 +1172,10 @@ static int read_boxes(const piece_ctx *c, const int64_t *start, const int64_t *c
             src.shape[d] = b->count[d];
             src.origin[d] = lo[d] - b->start[d];
             at.origin[d] += lo[d] - start[d];
+        }
+        if (b->permuted) {
+            status = read_permuted_rows(c, k, lo, n, dst, &at, elem);
+            continue;
         }
         if (whole_rows) {
             int64_t row_bytes = box_row_bytes, to = 0;
@@ -1251,6 +1479,11 @@ int64_t ckpt_tensor_verify_read_bytes(const ckpt_tensor_desc *t, int tp, int com
     return piece_verify_bytes(&g, compressed, foreign);
 }
 
+int64_t ckpt_reader_read_thread_bytes(const ckpt_reader *r)
+{
+    return r->permuted_rows_bytes;
+}
+
 int64_t ckpt_reader_verify_thread_bytes(const ckpt_reader *r)
 {
     int64_t most = 0;
@@ -1258,6 +1491,7 @@ int64_t ckpt_reader_verify_thread_bytes(const ckpt_reader *r)
         for (int p = 0; p < r->index.tensors[i].num_pieces; p++) {
             int64_t bytes = piece_verify_bytes(&r->pieces[i][p].geometry, r->index.tensors[i].pieces[p].compressed,
                                                r->foreign);
+            if (r->foreign) bytes += r->permuted_rows_bytes; /* the rows of a permuted box kept */
             if (bytes > most) most = bytes;
         }
     return most;
@@ -1598,7 +1832,13 @@ static int take_boxes(const ckpt_foreign *src, const ckpt_tensor_desc *t, int pi
             volume *= b->count[d];
         }
         if (status) break;
-        if (b->file < 0 || b->file >= src->num_files)
+        unsigned seen = 0; /* a stored order: each dimension once */
+        for (int j = 0; b->permuted && j < ndim; j++)
+            seen |= b->order[j] >= 0 && b->order[j] < ndim ? 1u << b->order[j] : 1u << CKPT_MAX_DIMS;
+        if (b->permuted && seen != (1u << ndim) - 1)
+            status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s: a chunk stored in an order that is no order of its %d dimensions",
+                             src->path, t->name, ndim);
+        else if (b->file < 0 || b->file >= src->num_files)
             status = tp_fail(TP_ERR_ARG, "%s: tensor %s: a chunk in no file (%d)", src->path, t->name, b->file);
         else if (b->offset < 0 || b->offset > src->file_bytes[b->file] || volume * elem > src->file_bytes[b->file] - b->offset)
             status = tp_fail(TP_ERR_FORMAT, "%s: tensor %s: a chunk of %lld bytes at %lld lies outside the file (%lld bytes)",
@@ -1681,6 +1921,13 @@ static int foreign_index(ckpt_reader *r, const ckpt_foreign *src)
                 int64_t first = src->box_first[at], n = src->box_first[at + 1] - first;
                 if (first < 0 || n < 0) return tp_fail(TP_ERR_ARG, "%s: tensor %s piece %d: bad box list", src->path, t->name, p);
                 TP_TRY(take_boxes(src, t, p, src->boxes + first, n, pr));
+                for (int64_t k = 0; k < n; k++) /* the rows a thread keeps of a box stored permuted */
+                    if (pr->boxes[k].permuted) {
+                        int64_t bytes = element_bytes(g);
+                        for (int d = 0; d < g->ndim; d++) bytes *= pr->boxes[k].count[d];
+                        if (bytes > PERMUTED_ROWS_MAX) bytes = PERMUTED_ROWS_MAX;
+                        if (bytes > r->permuted_rows_bytes) r->permuted_rows_bytes = bytes;
+                    }
                 ip->file_index = n ? pr->boxes[0].file : 0;
                 snprintf(ip->file, sizeof ip->file, "%s", index->files[ip->file_index].name);
                 ip->num_extents = n;
@@ -1751,6 +1998,7 @@ int ckpt_reader_open_foreign(ckpt_reader **out, const ckpt_foreign *source, int 
     ckpt_read_options_init(&r->options);
     r->options.verify = 0; /* nothing to verify against */
     r->foreign = 1;
+    r->serial = ++reader_serials;
     snprintf(r->path, sizeof r->path, "%s", source->path);
     status = source->num_files > 0 ? store_for(source->files[0], &r->storage)
                                    : tp_fail(TP_ERR_ARG, "%s: no files", source->path);

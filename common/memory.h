@@ -27,6 +27,7 @@ void free_zeroed_pages(void *buffer);
  * streamed reads. NULL on failure. Hold them only while the call runs. */
 enum {
     SCRATCH_CHUNK, SCRATCH_BOUNCE, SCRATCH_VERIFY, SCRATCH_STAGING, /* the checkpoint reader's and the resharder's */
+    SCRATCH_PERMUTED, /* the checkpoint reader's rows of a box stored in another order, kept from call to call */
     SCRATCH_BF16_A, SCRATCH_BF16_B, SCRATCH_BF16_PAD,              /* bf16 products' operands and oneDNN's scratchpad */
     SCRATCH_BF16_OUTPUT,                                           /* a bf16 activation's fp32 values before rounding */
     SCRATCH_ATTENTION,                                             /* the CPU attention's blocks of a thread */

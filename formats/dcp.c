@@ -3,6 +3,7 @@
  * checked), each chunk located in its item, the whole presented as a
  * foreign ckpt_reader whose pieces are the chunks' boxes. */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,33 +98,37 @@ static int compare_keys(const void *a, const void *b, void *ctx)
     return strcmp(dcp->entries[*(const int *)a].key, dcp->entries[*(const int *)b].key);
 }
 
-int dcp_find(const dcp_checkpoint *dcp, const char *key)
-{
-    int lo = 0, hi = dcp->num_entries;
-    while (lo < hi) {
-        int mid = lo + (hi - lo) / 2, c = strcmp(dcp->entries[dcp->by_key[mid]].key, key);
-        if (!c) return dcp->by_key[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
-    }
-    return -1;
-}
-
 static int compare_names(const void *a, const void *b, void *ctx)
 {
     const dcp_checkpoint *dcp = ctx;
     return strcmp(dcp->entries[*(const int *)a].name, dcp->entries[*(const int *)b].name);
 }
 
-int dcp_find_tensor(const dcp_checkpoint *dcp, const char *name)
+/* The entry whose string (its key or its name: field, an offset into
+ * dcp_entry) is text, found in sorted, n entry indices sorted by it; -1. */
+static int find_sorted(const dcp_checkpoint *dcp, const int *sorted, int n, size_t field, const char *text)
 {
-    int lo = 0, hi = dcp->num_named;
+    int lo = 0, hi = n;
     while (lo < hi) {
-        int mid = lo + (hi - lo) / 2, c = strcmp(dcp->entries[dcp->by_name[mid]].name, name);
-        if (!c) return dcp->by_name[mid];
+        int mid = lo + (hi - lo) / 2;
+        const char *at = *(const char *const *)((const char *)&dcp->entries[sorted[mid]] + field);
+        int c = strcmp(at, text);
+        if (!c) return sorted[mid];
         if (c < 0) lo = mid + 1;
         else hi = mid;
     }
+    return -1;
+}
+
+int dcp_find(const dcp_checkpoint *dcp, const char *key)
+{
+    return find_sorted(dcp, dcp->by_key, dcp->num_entries, offsetof(dcp_entry, key), key);
+}
+
+int dcp_find_tensor(const dcp_checkpoint *dcp, const char *name)
+{
+    int found = find_sorted(dcp, dcp->by_name, dcp->num_named, offsetof(dcp_entry, name), name);
+    if (found >= 0) return found;
     char key[CKPT_NAME_MAX + 1];
     dcp_key_of(name, key, sizeof key);
     return dcp_find(dcp, key);
@@ -819,16 +824,33 @@ int dcp_box_boxes(const char *where, const ckpt_tensor_desc *t, int file, int64_
 }
 
 /* Runs of a chunk stored dense in another order than row-major that a
- * checkpoint's reader takes at most, each a box (about 150 bytes). */
+ * checkpoint's reader takes at most, each a box (about 190 bytes): such a
+ * chunk across the padded segments of its tensor is read a run at a time. */
 #define DENSE_RUNS_MAX ((int64_t)1 << 20)
 
+static int reserve_boxes(const char *where, ckpt_foreign_box **boxes, int64_t num_boxes, int64_t *capacity)
+{
+    if (num_boxes + CKPT_MAX_SEGMENTS <= *capacity) return TP_OK;
+    ckpt_foreign_box *grown = realloc(*boxes, (size_t)(2 * *capacity) * sizeof **boxes);
+    if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory for the boxes of %s", where);
+    *boxes = grown;
+    *capacity *= 2;
+    return TP_OK;
+}
+
 /* Adds the boxes of chunk c of entry e, described by t, whose data starts
- * at data_offset dense in order (torch_tensor_dense_order): one box where
- * that is row-major; else one per run of the dimensions innermost in
- * memory that are in row-major order too, the others stepped over (a
- * transposed [R, C] chunk, strides (1, R), is C boxes of [R, 1]; a
- * channels_last [N, C, H, W] one N x H x W boxes of [1, C, 1, 1]). runs
- * counts those boxes against DENSE_RUNS_MAX. */
+ * at data_offset dense in order (torch_tensor_dense_order): those of
+ * dcp_box_boxes where that is row-major. A chunk stored in another order
+ * (a transposed [R, C] one, strides (1, R): order (1, 0); channels_last
+ * [N, C, H, W]: (0, 2, 3, 1)) is one box that says its order
+ * (ckpt_foreign_box.permuted): the reader reads it in slabs of whole
+ * stored runs and permutes them in memory, at about a row-major box's
+ * speed. Only where its tensor's padded segments cut it (dcp_box_boxes
+ * gives more than one box, each at an offset only row-major data has) is
+ * it one box per run of the dimensions innermost in memory that are in
+ * row-major order too, the others stepped over (a transposed chunk: C
+ * boxes of [R, 1]), slow (a read and a copy per element of a box's
+ * column); runs counts those boxes against DENSE_RUNS_MAX. */
 static int add_chunk_boxes(const char *where, const ckpt_tensor_desc *t, const dcp_entry *e, const dcp_chunk *c,
                            int64_t data_offset, const int *order, ckpt_foreign_box **boxes, int64_t *num_boxes,
                            int64_t *capacity, int64_t *runs)
@@ -843,17 +865,30 @@ static int add_chunk_boxes(const char *where, const ckpt_tensor_desc *t, const d
         step *= c->sizes[order[j]];
         if (j < inner) count *= c->sizes[order[j]];
     }
+    int64_t n;
+    TP_TRY(reserve_boxes(where, boxes, *num_boxes, capacity));
+    if (count > 1) { /* not row-major: one box in its order, unless cut */
+        ckpt_foreign_box *box = *boxes + *num_boxes;
+        TP_TRY(dcp_box_boxes(where, t, c->file, data_offset, c->offsets, c->sizes, box, &n));
+        if (n == 1) {
+            box->permuted = 1;
+            for (int j = 0; j < e->ndim; j++) box->order[j] = order[j];
+            (*num_boxes)++;
+            return TP_OK;
+        }
+        memset(box, 0, (size_t)n * sizeof *box);
+    }
     if (count > 1 && count > DENSE_RUNS_MAX - *runs) {
         char strides[256];
         ckpt_shape_text(stride, e->ndim, strides, sizeof strides);
-        return tp_fail(TP_ERR_FORMAT, "%s: the chunk at %lld is stored with strides %s: %lld runs to read, more than "
-                       "the %lld runs of such chunks a checkpoint is read in", where, (long long)c->item_offset, strides,
-                       (long long)count, (long long)DENSE_RUNS_MAX);
+        return tp_fail(TP_ERR_FORMAT, "%s: the chunk at %lld is stored with strides %s across padded segments: %lld "
+                       "runs to read, more than the %lld runs of such chunks a checkpoint is read in", where,
+                       (long long)c->item_offset, strides, (long long)count, (long long)DENSE_RUNS_MAX);
     }
     if (count > 1) *runs += count;
     int64_t index[TORCH_MAX_DIMS] = {0}; /* along the dimensions stepped over, order[0..inner) */
     for (int64_t r = 0; r < count; r++) {
-        int64_t offsets[TORCH_MAX_DIMS], sizes[TORCH_MAX_DIMS], at = 0, n;
+        int64_t offsets[TORCH_MAX_DIMS], sizes[TORCH_MAX_DIMS], at = 0;
         memcpy(offsets, c->offsets, sizeof offsets);
         memcpy(sizes, c->sizes, sizeof sizes);
         for (int j = 0; j < inner; j++) {
@@ -861,12 +896,7 @@ static int add_chunk_boxes(const char *where, const ckpt_tensor_desc *t, const d
             sizes[order[j]] = 1;
             at += index[order[j]] * stride[order[j]];
         }
-        if (*num_boxes + CKPT_MAX_SEGMENTS > *capacity) {
-            ckpt_foreign_box *grown = realloc(*boxes, (size_t)(2 * *capacity) * sizeof **boxes);
-            if (!grown) return tp_fail(TP_ERR_NOMEM, "out of memory for the boxes of %s", where);
-            *boxes = grown;
-            *capacity *= 2;
-        }
+        TP_TRY(reserve_boxes(where, boxes, *num_boxes, capacity));
         TP_TRY(dcp_box_boxes(where, t, c->file, data_offset + at * (int64_t)torch_dtype_size(e->dtype), offsets, sizes,
                              *boxes + *num_boxes, &n));
         *num_boxes += n;

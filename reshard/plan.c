@@ -490,10 +490,13 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
     int heavy = plan->compress_level > 0 || plan->use_cuda;
     const char *name;
     int64_t needed = largest_block(plan, &name), budget = 0;
+    /* A thread's reads of the source may keep buffers of their own (the
+     * rows of a DCP chunk stored transposed, ckpt_reader_read_thread_bytes). */
+    int64_t reading = ckpt_reader_read_thread_bytes(source);
     int threads = reshard_threads_within(limit, o->threads > 0 ? o->threads : parallel_cpu_count(),
-                                         needed > 0 ? needed : 1, heavy, &budget);
-    if (threads < 1 || size_slabs(plan, budget) != 0) {
-        status = reshard_memory_refusal(limit, needed, heavy, "tensor %s (one checksum block per slab)",
+                                         (needed > 0 ? needed : 1) + reading, heavy, &budget);
+    if (threads < 1 || size_slabs(plan, budget - reading) != 0) {
+        status = reshard_memory_refusal(limit, needed + reading, heavy, "tensor %s (one checksum block per slab)",
                                         name ? name : "(none)");
         reshard_plan_free(plan);
         return status;

@@ -217,6 +217,40 @@ PYEOF
     expect_error "strides that overlap: refused, naming the entry and its strides" 1 \
         "overlapping/__0_0.distcp: w: the chunk at 0 is stored with strides \[1, 1\], which overlap or leave gaps" \
         "$CK" info "$WORK/overlapping"
+    # A chunk stored in another order is one box the reader reads in slabs
+    # and permutes in memory (ckpt/reader.c read_permuted_box), keeping 8
+    # MiB of its rows a thread. Its edges: a transposed chunk of 12 MiB
+    # (more rows than a thread keeps, stored columns longer than a slab
+    # needs), a 4-D permutation, size-1 dimensions, a 1-D tensor beside
+    # them, and a channels_last chunk of more than 2^20 runs (refused while
+    # each run was a box of its own).
+    run "$PY" - "$JUDGE" "$WORK/permuted" <<'PYEOF'
+import runpy, sys, torch
+judge = runpy.run_path(sys.argv[1])
+v = judge["values"]
+sd = {"big": v([1536, 2048], torch.float32, 1.0).t(), "p4": v([3, 4, 5, 6], torch.float32, 2.0).permute(2, 0, 3, 1),
+      "ones": v([1, 7, 1, 3], torch.float16, 3.0).permute(3, 2, 1, 0), "col": v([1, 9], torch.float32, 4.0).t(),
+      "runs": v([1, 2, 1025, 1024], torch.bfloat16, 5.0).to(memory_format=torch.channels_last),
+      "b": v([5], torch.float32, 6.0)}
+assert not sd["big"].is_contiguous() and not sd["p4"].is_contiguous() and not sd["runs"].is_contiguous()
+judge["alone"](lambda rank, ranks: judge["save"](sd, sys.argv[2]))
+PYEOF
+    check "torch wrote tensors transposed, permuted in 4-D, with size-1 dimensions, channels_last" [ "$RC" -eq 0 ]
+    expect_ok "the permuted chunks -> this toolkit's format, verified" "$RS" "$WORK/permuted" --format tp --to tp1 \
+        -o "$WORK/permuted.tp" --verify --threads 2
+    expect_ok "torch reads them as we read them" "$PY" "$JUDGE" compare-ckpt "$WORK/permuted" "$WORK/permuted.tp"
+    expect_ok "the permuted chunks -> DCP at tp2, verified, in 4 MiB of slabs" "$RS" "$WORK/permuted" --to tp2 \
+        -o "$WORK/permuted.dcp" --verify --threads 2
+    expect_ok "torch loads our DCP of them equal, whole and over 2 ranks" "$PY" "$JUDGE" compare-dcp "$WORK/permuted" \
+        "$WORK/permuted.dcp" --ranks 2
+    expect_ok "tp-ckpt verify reads every chunk through the same path" "$CK" verify "$WORK/permuted"
+    # Its data file cut short after it was opened: the read that meets the
+    # end fails naming the file (before, at open, the chunk lies outside it).
+    cp -r "$WORK/permuted" "$WORK/permuted.cut"
+    truncate -s 4000000 "$WORK/permuted.cut/__0_0.distcp"
+    expect_error "a data file cut short: refused, naming the file" 1 "permuted\.cut/__0_0\.distcp" \
+        "$RS" "$WORK/permuted.cut" --format tp --to tp1 -o "$WORK/permuted.cut.tp"
+    check "nothing written" test ! -e "$WORK/permuted.cut.tp"
 fi
 
 # ------------------------------------------------ this toolkit's checkpoints
