@@ -135,7 +135,7 @@ $(PROGRAMS) $(BENCH_PROGRAMS) $(TEST_BINS): $(KEEP_LIBRARIES)
 # Keep objects of tests between builds.
 .SECONDARY:
 
-.PHONY: all build deps check test test-gpu bench-gpu gpu-pack asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-megatron bench-dcp bench-llama bench-elastic bench-remote bench-scale bench-parallel bench-revisions clean programs tests
+.PHONY: all build deps check test test-gpu bench-gpu gpu-pack asan soak fuzz demo bench-ckpt bench-reshard bench-train bench-export bench-megatron bench-dcp bench-dcp-strided bench-llama bench-elastic bench-remote bench-scale bench-parallel bench-revisions clean programs tests
 
 # The targets below whose recipes run a build of their own (SUBMAKE). Asked
 # for beside other goals (`make -j2 all tests`), this make and that build
@@ -381,6 +381,10 @@ bench-megatron: deps
 bench-dcp: deps
 	+@$(SUBMAKE) build
 	@BUILD=$(BUILD) scripts/bench-dcp.sh
+
+bench-dcp-strided: deps
+	+@$(SUBMAKE) build
+	@BUILD=$(BUILD) scripts/bench-dcp-strided.sh
 
 # This tree against BENCH_BASE (a revision), for changes that should cost nothing.
 bench-revisions: deps

@@ -126,6 +126,11 @@ else
     echo "[$NAME] SKIP: bench-megatron: python3-torch is not installed"
 fi
 bench bench-dcp
+if "$PY" -c 'import torch' 2>/dev/null; then
+    BENCH_N=256 bench bench-dcp-strided
+else
+    echo "[$NAME] SKIP: bench-dcp-strided: python3-torch is not installed"
+fi
 bench bench-train
 start=$(date +%s)
 expect_ok "bench-train, bf16" env BENCH_DTYPE=bf16 "$ROOT/scripts/bench-train.sh"
