@@ -383,3 +383,122 @@ Test(foreign, chunks_cut_two_ways_refused_by_the_bound, .timeout = 120)
               tp_errmsg());
     free(boxes);
 }
+
+/* A tensor of `shape` (fp32, element value its row-major index) stored as
+ * two boxes cut along dimension 0 at `cut`: the first dense in `order`
+ * (permuted), the second row-major, in two files; read back whole, by
+ * random row ranges (each read from the rows a thread keeps, or read
+ * again where they do not hold it) and by random regions, against the
+ * values. Box bytes over the 8 MiB a thread keeps and slabs of stored
+ * runs shorter than the box are the edges of read_permuted_box. */
+static void permuted_round_trip(int ndim, const int64_t *shape, int64_t cut, const int *order, unsigned seed)
+{
+    boxed *b = calloc(1, sizeof *b);
+    open_boxed(b, (int)seed);
+    ckpt_tensor_desc t = {.name = "model/w", .dtype = TP_FP32, .ndim = ndim, .anchor = CKPT_ANCHOR_FIRST};
+    int64_t numel = 1, inner = 1;
+    for (int d = 0; d < ndim; d++) {
+        t.shape[d] = shape[d];
+        numel *= shape[d];
+        if (d > 0) inner *= shape[d];
+    }
+    /* Box 0: rows [0, cut), its elements written in `order`. */
+    int64_t box_shape[CKPT_MAX_DIMS] = {0}, stored[CKPT_MAX_DIMS], idx[CKPT_MAX_DIMS] = {0}, box_numel = cut * inner;
+    memcpy(box_shape, shape, (size_t)ndim * sizeof *shape);
+    box_shape[0] = cut;
+    for (int j = 0; j < ndim; j++) stored[j] = box_shape[order[j]];
+    float *data = malloc((size_t)(box_numel > 1 ? box_numel : 1) * sizeof *data);
+    for (int64_t k = 0; k < box_numel; k++) {
+        int64_t flat = 0; /* idx: the element's index, in stored order */
+        for (int d = 0; d < ndim; d++) {
+            int64_t at = 0;
+            for (int j = 0; j < ndim; j++)
+                if (order[j] == d) at = idx[j];
+            flat = flat * shape[d] + at;
+        }
+        data[k] = (float)flat;
+        for (int j = ndim - 1; j >= 0 && ++idx[j] == stored[j]; j--) idx[j] = 0;
+    }
+    fwrite("pad", 1, 3, b->files[0]); /* an offset not aligned */
+    cr_assert_eq(fwrite(data, sizeof *data, (size_t)box_numel, b->files[0]), (size_t)box_numel);
+    b->boxes[0] = (ckpt_foreign_box){.file = 0, .offset = 3, .permuted = 1};
+    for (int d = 0; d < ndim; d++) {
+        b->boxes[0].count[d] = box_shape[d];
+        b->boxes[0].order[d] = order[d];
+    }
+    /* Box 1: rows [cut, shape[0]), row-major. */
+    int64_t rest = numel - box_numel;
+    float *tail = malloc((size_t)(rest > 1 ? rest : 1) * sizeof *tail);
+    for (int64_t k = 0; k < rest; k++) tail[k] = (float)(box_numel + k);
+    cr_assert_eq(fwrite(tail, sizeof *tail, (size_t)rest, b->files[1]), (size_t)rest);
+    b->boxes[1] = (ckpt_foreign_box){.file = 1, .offset = 0};
+    for (int d = 0; d < ndim; d++) {
+        b->boxes[1].start[d] = d == 0 ? cut : 0;
+        b->boxes[1].count[d] = d == 0 ? shape[0] - cut : shape[d];
+    }
+    b->num_boxes = 2;
+    b->box_first[0] = 0;
+    b->box_first[1] = 2;
+    b->bytes[0] = 3 + box_numel * 4;
+    b->bytes[1] = rest * 4;
+    ckpt_layout layout = {1, 1, 1, 1, 1};
+    ckpt_reader *r = NULL;
+    cr_assert_eq(open_reader(b, &layout, &t, 1, 0, &r), TP_OK, "%s", tp_errmsg());
+    float *got = malloc((size_t)numel * sizeof *got);
+    cr_assert_eq(ckpt_reader_read_piece(r, 0, 0, got, (size_t)numel * 4), TP_OK, "%s", tp_errmsg());
+    for (int64_t k = 0; k < numel; k++) cr_assert_eq(got[k], (float)k, "whole: element %lld is %g", (long long)k, got[k]);
+    srand(seed);
+    for (int trial = 0; trial < 24; trial++) {
+        int64_t row0 = rand() % shape[0], rows = 1 + rand() % (shape[0] - row0);
+        if (trial % 3 == 0 && rows > 4) rows = 1 + rows % 4; /* a few rows: kept ones */
+        memset(got, 0xff, (size_t)(rows * inner) * 4);
+        cr_assert_eq(ckpt_reader_read_rows(r, 0, 0, row0, rows, got, (size_t)numel * 4), TP_OK, "%s", tp_errmsg());
+        for (int64_t k = 0; k < rows * inner; k++)
+            cr_assert_eq(got[k], (float)(row0 * inner + k), "rows [%lld, +%lld): element %lld is %g", (long long)row0,
+                         (long long)rows, (long long)k, got[k]);
+        int64_t start[CKPT_MAX_DIMS], count[CKPT_MAX_DIMS], n = 1;
+        for (int d = 0; d < ndim; d++) {
+            start[d] = rand() % shape[d];
+            count[d] = 1 + rand() % (shape[d] - start[d]);
+            n *= count[d];
+        }
+        cr_assert_eq(ckpt_reader_read_region(r, 0, start, count, got, (size_t)numel * 4), TP_OK, "%s", tp_errmsg());
+        int64_t at[CKPT_MAX_DIMS] = {0};
+        for (int64_t k = 0; k < n; k++) {
+            int64_t flat = 0;
+            for (int d = 0; d < ndim; d++) flat = flat * shape[d] + start[d] + at[d];
+            cr_assert_eq(got[k], (float)flat, "region: element %lld is %g, not %lld", (long long)k, got[k], (long long)flat);
+            for (int d = ndim - 1; d >= 0 && ++at[d] == count[d]; d--) at[d] = 0;
+        }
+    }
+    ckpt_reader_close(r);
+    free(got);
+    free(data);
+    free(tail);
+    free(b);
+}
+
+Test(foreign, permuted_boxes_read_back, .timeout = 120)
+{
+    /* transposed: 2.4 MB, kept whole */
+    permuted_round_trip(2, (int64_t[]){300, 2100}, 290, (int[]){1, 0}, 1);
+    /* transposed, 9.2 MB: more rows than a thread keeps (8 MiB), stored columns longer than a slab needs */
+    permuted_round_trip(2, (int64_t[]){1100, 2100}, 1097, (int[]){1, 0}, 2);
+    /* transposed, 36 MB: the rows a thread keeps (2,097) under a quarter of a stored column (8,999), read a run
+     * per column, packed */
+    permuted_round_trip(2, (int64_t[]){9000, 1000}, 8999, (int[]){1, 0}, 7);
+    /* a 4-D permutation, and channels_last's */
+    permuted_round_trip(4, (int64_t[]){6, 4, 5, 3}, 5, (int[]){2, 0, 3, 1}, 3);
+    permuted_round_trip(4, (int64_t[]){3, 4, 5, 6}, 2, (int[]){0, 2, 3, 1}, 4);
+    /* size-1 dimensions (torch puts them last in its order), and 1-D */
+    permuted_round_trip(3, (int64_t[]){7, 1, 3}, 6, (int[]){2, 0, 1}, 5);
+    permuted_round_trip(1, (int64_t[]){9}, 5, (int[]){0}, 6);
+}
+
+Test(foreign, permuted_box_of_no_order_refused)
+{
+    ckpt_foreign_box twice[1] = {{.file = 0, .offset = 0, .start = {0, 0}, .count = {4, 6}, .permuted = 1, .order = {0, 0}}};
+    refused(twice, 1, 0, 1000, "no order of its 2 dimensions");
+    ckpt_foreign_box outside[1] = {{.file = 0, .offset = 0, .start = {0, 0}, .count = {4, 6}, .permuted = 1, .order = {2, 0}}};
+    refused(outside, 1, 0, 1000, "no order of its 2 dimensions");
+}
