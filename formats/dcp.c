@@ -737,6 +737,13 @@ int dcp_locate(const dcp_checkpoint *dcp, int64_t n, const int64_t *chunk, const
     return parallel_for(n, threads > 0 ? threads : parallel_cpu_count(), locate_chunk, &job);
 }
 
+int dcp_order_is_row_major(const int *order, const int64_t *sizes, int ndim)
+{
+    for (int j = 1; j < ndim && sizes[order[j]] > 1; j++)
+        if (order[j - 1] > order[j]) return 0;
+    return 1;
+}
+
 int dcp_compact_checks(ckpt_foreign_check *checks, int64_t n)
 {
     int kept = 0;

@@ -75,6 +75,9 @@ int dcp_check_item(const dcp_checkpoint *dcp, const dcp_chunk *c);
  * none is recorded; dcp_compact_checks keeps those to check. */
 int dcp_locate(const dcp_checkpoint *dcp, int64_t n, const int64_t *chunk, const int *chunk_entry, int threads,
                int64_t *data_offset, int (*orders)[TORCH_MAX_DIMS], ckpt_foreign_check *checks);
+/* Whether a chunk of sizes (ndim), dense in order (dcp_locate's orders),
+ * is row-major: its dimensions of more than one element in order. */
+int dcp_order_is_row_major(const int *order, const int64_t *sizes, int ndim);
 /* Moves the checks that record a CRC-32 to the front: how many. */
 int dcp_compact_checks(ckpt_foreign_check *checks, int64_t n);
 

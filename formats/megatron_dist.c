@@ -864,12 +864,13 @@ typedef struct {
 } box_list;
 
 /* Adds a box [offsets, offsets + sizes) of t, in its logical coordinates,
- * stored row-major at offset of file. A vocabulary table told its true
+ * stored at offset of file row-major, or dense in order (dcp_locate's;
+ * NULL: row-major) where that is another. A vocabulary table told its true
  * size (megatron_dist_set_true_vocab) is stored with the rows of Megatron's
  * padding after its tokens' rows: a box's rows past them are left out (the
  * box's leading rows stay where they are in the file). */
-static int add_box(box_list *boxes, const char *where, const ckpt_tensor_desc *t, int file, int64_t offset,
-                   const int64_t *offsets, const int64_t *sizes)
+static int add_box_in_order(box_list *boxes, const char *where, const ckpt_tensor_desc *t, int file, int64_t offset,
+                            const int64_t *offsets, const int64_t *sizes, const int *order)
 {
     if (boxes->count > INT32_MAX - 2 * CKPT_MAX_SEGMENTS) return tp_fail(TP_ERR_FORMAT, "%s: too many chunks", where);
     TP_TRY(array_reserve((void **)&boxes->items, &boxes->capacity, boxes->count + CKPT_MAX_SEGMENTS, sizeof *boxes->items));
@@ -877,14 +878,33 @@ static int add_box(box_list *boxes, const char *where, const ckpt_tensor_desc *t
     if (t->partition.kind == CKPT_SPLIT && t->partition.pad_multiple > 0 && t->partition.axis == 0 &&
         offsets[0] + sizes[0] > t->shape[0]) {
         if (offsets[0] >= t->shape[0]) return TP_OK; /* padding only */
+        if (order && !dcp_order_is_row_major(order, sizes, t->ndim)) /* its leading rows are not where they were */
+            return tp_fail(TP_ERR_FORMAT, "%s: a chunk stored in another order than row-major across the vocabulary's "
+                           "padding rows: not read", where);
         memcpy(rows, sizes, (size_t)t->ndim * sizeof *rows);
         rows[0] = t->shape[0] - offsets[0];
         sizes = rows;
     }
     int64_t n;
-    TP_TRY(dcp_box_boxes(where, t, file, offset, offsets, sizes, boxes->items + boxes->count, &n));
+    ckpt_foreign_box *box = boxes->items + boxes->count;
+    TP_TRY(dcp_box_boxes(where, t, file, offset, offsets, sizes, box, &n));
+    if (order && !dcp_order_is_row_major(order, sizes, t->ndim)) {
+        /* One box that says its order, which the reader reads in slabs and
+         * permutes in memory (as formats/dcp.c add_chunk_boxes gives a DCP's). */
+        if (n != 1)
+            return tp_fail(TP_ERR_FORMAT, "%s: a chunk stored in another order than row-major across the padded "
+                           "segments of its tensor: not read", where);
+        box->permuted = 1;
+        for (int j = 0; j < t->ndim; j++) box->order[j] = order[j];
+    }
     boxes->count += (int)n;
     return TP_OK;
+}
+
+static int add_box(box_list *boxes, const char *where, const ckpt_tensor_desc *t, int file, int64_t offset,
+                   const int64_t *offsets, const int64_t *sizes)
+{
+    return add_box_in_order(boxes, where, t, file, offset, offsets, sizes, NULL);
 }
 
 /* A box of consecutive elements of a row-major block: [start, start +
@@ -959,6 +979,7 @@ typedef struct {
     const int64_t *located_at;  /* by chunk: its place in data_offset, or -1 */
     const int64_t *data_offset;
     const int64_t *sorted;      /* a bucket entry's chunks by offset, from its chunk_index */
+    int (*orders)[TORCH_MAX_DIMS]; /* by place: the order its data is dense in */
 } chunk_places;
 
 /* The chunks of a stacked or plain entry, each a box of the tensor (its
@@ -978,7 +999,18 @@ static int boxes_from_chunks(const megatron_dist *m, const dist_tensor *dt, cons
         int64_t slice = elem; /* bytes of one layer of the chunk */
         for (int d = 1; d < e->ndim; d++) slice *= ch->sizes[d];
         int64_t offset = at->data_offset[at->located_at[e->chunk_index + k]] + (skip ? (dt->layer - ch->offsets[0]) * slice : 0);
-        TP_TRY(add_box(boxes, where, desc, ch->file, offset, ch->offsets + skip, ch->sizes + skip));
+        /* The order its data is dense in, of the layer's slice where the
+         * entry stacks layers: contiguous only where the layer axis is the
+         * outermost in memory (or the chunk holds one layer). */
+        const int *stored = at->orders[at->located_at[e->chunk_index + k]];
+        int order[TORCH_MAX_DIMS];
+        for (int j = 0, n = 0; j < e->ndim; j++)
+            if (!skip || stored[j] != 0) order[n++] = stored[j] - skip;
+        if (skip && ch->sizes[0] > 1 && stored[0] != 0)
+            return tp_fail(TP_ERR_FORMAT, "%s: the chunk at %lld of layers [%lld, %lld) is stored with its layers "
+                           "interleaved in memory: a layer's slice is not contiguous", where, (long long)ch->item_offset,
+                           (long long)ch->offsets[0], (long long)(ch->offsets[0] + ch->sizes[0]));
+        TP_TRY(add_box_in_order(boxes, where, desc, ch->file, offset, ch->offsets + skip, ch->sizes + skip, order));
     }
     return TP_OK;
 }
@@ -1005,6 +1037,9 @@ static int boxes_from_cells(const megatron_dist *m, const dist_tensor *dt, const
                 return tp_fail(TP_ERR_FORMAT, "%s: chunk %d spans %lld pieces along dimension %d (one holds part of one piece)",
                                where, k, (long long)ch->sizes[d], d);
         if (skip && ch->offsets[0] != dt->layer) continue;
+        if (!dcp_order_is_row_major(at->orders[at->located_at[e->chunk_index + k]], ch->sizes, e->ndim))
+            return tp_fail(TP_ERR_FORMAT, "%s: the chunk at %lld is stored in another order than row-major (its elements "
+                           "are read as a flat run)", where, (long long)ch->item_offset);
         int64_t a = ch->offsets[ndim], offset = at->data_offset[at->located_at[e->chunk_index + k]];
         flat_box cut[2 * CKPT_MAX_DIMS];
         int n = flat_boxes(piece, ndim, a, a + ch->sizes[ndim], cut);
@@ -1171,6 +1206,7 @@ static int compare_chunk_order(const void *a, const void *b)
 typedef struct {
     int64_t *chunk, *data_offset, *located_at, *sorted; /* located_at: by chunk, its place in chunk[], or -1 */
     int *chunk_entry;
+    int (*orders)[TORCH_MAX_DIMS]; /* by place: the order each one's data is dense in */
     int64_t located;
     ckpt_foreign_check *checks;
     int num_checks;
@@ -1183,6 +1219,7 @@ static void chunk_locations_free(chunk_locations *l)
     free(l->located_at);
     free(l->sorted);
     free(l->chunk_entry);
+    free(l->orders);
     free(l->checks);
     memset(l, 0, sizeof *l);
 }
@@ -1223,8 +1260,20 @@ static int locate_chunks(const megatron_dist *m, const char *used, int threads, 
         }
     }
     l->checks = status ? NULL : calloc((size_t)l->located + 1, sizeof *l->checks);
-    if (!status && !l->checks) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (!status) status = dcp_locate(dcp, l->located, l->chunk, l->chunk_entry, threads, l->data_offset, NULL, l->checks);
+    l->orders = status ? NULL : calloc((size_t)l->located + 1, sizeof *l->orders);
+    if (!status && (!l->checks || !l->orders)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!status) status = dcp_locate(dcp, l->located, l->chunk, l->chunk_entry, threads, l->data_offset, l->orders, l->checks);
+    /* A chunk dense in another order than row-major (a transposed one) is
+     * read as one box in its order by boxes_from_chunks; the distributed
+     * optimizer's buckets, read as flat runs of elements, must be row-major. */
+    for (int64_t k = 0; !status && k < l->located; k++) {
+        const dcp_entry *e = dcp_entry_at(dcp, l->chunk_entry[k]);
+        const dcp_chunk *c = &e->chunks[l->chunk[k] - e->chunk_index];
+        if (used[l->chunk_entry[k]] == 2 && !dcp_order_is_row_major(l->orders[k], c->sizes, e->ndim))
+            status = tp_fail(TP_ERR_FORMAT, "%s: %s: the chunk at %lld is stored in another order than row-major (a "
+                             "bucket of the distributed optimizer's is read as a run of elements)", m->path, e->key,
+                             (long long)c->item_offset);
+    }
     l->num_checks = status ? 0 : dcp_compact_checks(l->checks, l->located);
     if (status) chunk_locations_free(l);
     return status;
@@ -1283,7 +1332,8 @@ int megatron_dist_check_replicas(const megatron_dist *m, int threads, megatron_r
     }
     chunk_locations where = {0};
     if (!status) status = locate_chunks(m, used, threads, &where);
-    chunk_places at = {.located_at = where.located_at, .data_offset = where.data_offset, .sorted = where.sorted};
+    chunk_places at = {.located_at = where.located_at, .data_offset = where.data_offset, .sorted = where.sorted,
+                       .orders = where.orders};
     enum { BLOCK = 1 << 16 }; /* elements compared at a time */
     unsigned char *a = status ? NULL : malloc((size_t)BLOCK * 8), *b = status ? NULL : malloc((size_t)BLOCK * 8);
     if (!status && (!a || !b)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
@@ -1384,7 +1434,8 @@ int megatron_dist_reader_open(const megatron_dist *m, int compute_digests, int t
     int64_t *box_first = status ? NULL : calloc((size_t)tensors->count + 1, sizeof *box_first);
     ckpt_tensor_desc *descs = status ? NULL : calloc((size_t)tensors->count + 1, sizeof *descs);
     if (!status && (!box_first || !descs)) status = tp_fail(TP_ERR_NOMEM, "out of memory");
-    chunk_places at = {.located_at = where.located_at, .data_offset = where.data_offset, .sorted = where.sorted};
+    chunk_places at = {.located_at = where.located_at, .data_offset = where.data_offset, .sorted = where.sorted,
+                       .orders = where.orders};
     for (int t = 0; !status && t < tensors->count; t++) {
         const dist_tensor *dt = &tensors->items[t];
         descs[t] = dt->desc;

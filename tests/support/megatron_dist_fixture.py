@@ -127,6 +127,23 @@ def dp_cut(offsets, sizes, dp):
     return out
 
 
+# --strided-chunks: the model's shards stored with their dimensions in
+# reverse order (a [R, C] one with strides (1, R), as a transposed view's
+# storage), which torch.save keeps: chunks dense in another order than
+# row-major.
+STRIDED_CHUNKS = False
+
+
+def stored_reversed(t):
+    """t, its storage in the reverse order of its dimensions (1-D: as it is)."""
+    if t.dim() < 2:
+        return t
+    reverse = tuple(range(t.dim() - 1, -1, -1))
+    out = t.permute(reverse).contiguous().permute(reverse)
+    assert torch.equal(out, t)
+    return out
+
+
 def sharded(full, boxes):
     """A ShardedTensor of full whose local shards (all on rank 0) are boxes."""
     local = []
@@ -134,7 +151,12 @@ def sharded(full, boxes):
         index = tuple(slice(o, o + s) for o, s in zip(offsets, sizes))
         meta = ShardMetadata(shard_offsets=list(offsets), shard_sizes=list(sizes), placement="rank:0/cpu")
         local.append(Shard(full[index].clone().contiguous(), meta))
-    return init_from_local_shards(local, list(full.shape))
+    out = init_from_local_shards(local, list(full.shape))
+    for shard in out.local_shards() if STRIDED_CHUNKS else ():
+        # After the checks of init_from_local_shards, which take contiguous
+        # shards only: DCP's writer torch.saves the tensor as it finds it.
+        shard.tensor = stored_reversed(shard.tensor)
+    return out
 
 
 def state_dict(cfg, o, full, opt):
@@ -519,6 +541,8 @@ def common_state(cfg, o, opt):
 def main(argv):
     parser = mf.build_parser()
     parser.add_argument('--numbered', action='store_true', help='layers under numbered keys (non-homogeneous)')
+    parser.add_argument('--strided-chunks', action='store_true',
+                        help="the model's shards stored in the reverse order of their dimensions (not row-major)")
     parser.add_argument('--dp', type=int, default=1, help='data-parallel ranks each chunk is cut over')
     parser.add_argument('--distributed-optimizer', choices=('dp_reshardable', 'fully_reshardable',
                                                             'fully_sharded_model_space', 'dp_zero_gather_scatter'),
@@ -537,6 +561,8 @@ def main(argv):
                         help="the modules whose parameter order the optimizer's buffers follow "
                              "(default: transformer_engine with --names core, local with core-local)")
     o = parser.parse_args(argv)
+    global STRIDED_CHUNKS
+    STRIDED_CHUNKS = o.strided_chunks
     if not o.outdir:
         parser.error('OUTDIR is required')
     if not o.names.startswith('core'):
