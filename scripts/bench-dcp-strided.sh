@@ -11,14 +11,14 @@
 # build. The outputs of the transposed source are checked equal to the
 # contiguous one's (tp-ckpt diff).
 # Writes docs/BENCHMARKS.md (section bench-dcp-strided).
-#   BENCH_N (default 4096): the tensor's side (test_bench: 256)
+#   BENCH_DCP_STRIDED_N (default 4096): the tensor's side (test_bench: 256)
 #   BENCH_REPS (default 3): repetitions
 #   BENCH_BASE_BIN: the bin/ directory of another build to compare with
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
 BUILD=${BUILD:-build}
-N=${BENCH_N:-4096}
+N=${BENCH_DCP_STRIDED_N:-4096}
 REPS=${BENCH_REPS:-3}
 BASE=${BENCH_BASE_BIN:-}
 DIR="$SCRATCH_ROOT/dcp-strided"
@@ -86,9 +86,9 @@ PYEOF
 echo "$TABLE"
 CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 BASE_NOTE=""
-[ -n "$BASE" ] && BASE_NOTE=" BENCH_BASE_BIN=DIR (before: the bin/ of an older build)"
+[ -n "$BASE" ] && BASE_NOTE=", BENCH_BASE_BIN=DIR: the bin/ of the build before"
 doc_section bench-dcp-strided "A DCP chunk stored transposed (bench-dcp-strided)" <<DOC
-Command: \`scripts/bench-dcp-strided.sh\` (BENCH_N=$N, BENCH_REPS=$REPS$BASE_NOTE). CPU: $CPU; $(openblas_kernel).
+Command: \`scripts/bench-dcp-strided.sh\` (BENCH_DCP_STRIDED_N=$N, BENCH_REPS=$REPS$BASE_NOTE). CPU: $CPU; $(openblas_kernel).
 PyTorch saved one fp32 [$N, $N] tensor \`w\` with \`FileSystemWriter\`, once as \`w.t()\` (strides (1, $N)) and once
 as \`w.t().contiguous()\`; each resharded with \`tp-reshard SRC --to tp2 --threads 2\`, warm page cache, the sources
 taking turns; medians. The transposed source's output equals the contiguous one's (tp-ckpt diff).

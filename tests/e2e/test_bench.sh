@@ -42,6 +42,8 @@ export BENCH_ROWS="tiny-shrink tiny-node-down" BENCH_TINY_STEPS="8 2 5" BENCH_LA
 # bench-remote: a checkpoint of the tiny model; tp-train's per-rank saves at 1 and 2 ranks.
 # bench-s3-md5: the same checkpoint, with this build as the base (BENCH_BASE_BIN below).
 export BENCH_MODEL="--model tiny" BENCH_RANKS="1 2"
+# bench-dcp-strided: a [256, 256] tensor transposed and contiguous (BENCH_BASE_BIN below: this build as before).
+export BENCH_DCP_STRIDED_N=256
 # bench-scale: the index of a 4-layer Llama of dim 64 at tp8 pp2, dp 2 and 4, and 16 layers at pp2 and pp16.
 export BENCH_SCALE_MODEL="--layers 4 --dim 64 --ffn 128 --heads 8 --kv-heads 8 --vocab 256" BENCH_SCALE_PP=2
 export BENCH_SCALE_DPS="2 4" BENCH_SCALE_DEEP=16
@@ -127,7 +129,7 @@ else
 fi
 bench bench-dcp
 if "$PY" -c 'import torch' 2>/dev/null; then
-    BENCH_N=256 bench bench-dcp-strided
+    bench bench-dcp-strided
 else
     echo "[$NAME] SKIP: bench-dcp-strided: python3-torch is not installed"
 fi
