@@ -495,6 +495,33 @@ Test(foreign, permuted_boxes_read_back, .timeout = 120)
     permuted_round_trip(1, (int64_t[]){9}, 5, (int[]){0}, 6);
 }
 
+/* A file cut short after the open checked its size: the read of a
+ * permuted box that meets its end fails, naming the file and the tensor
+ * (nothing read from past it is served as data). */
+Test(foreign, permuted_box_of_a_file_cut_short)
+{
+    boxed *b = calloc(1, sizeof *b);
+    open_boxed(b, 77);
+    ckpt_tensor_desc t = {.name = "model/w", .dtype = TP_FP32, .ndim = 2, .shape = {64, 48}, .anchor = CKPT_ANCHOR_FIRST};
+    float data[64 * 48];
+    for (int k = 0; k < 64 * 48; k++) data[k] = (float)k;
+    cr_assert_eq(fwrite(data, sizeof data, 1, b->files[0]), 1);
+    b->boxes[0] = (ckpt_foreign_box){.file = 0, .count = {64, 48}, .permuted = 1, .order = {1, 0}};
+    b->num_boxes = 1;
+    b->box_first[1] = 1;
+    b->bytes[0] = sizeof data;
+    ckpt_layout layout = {1, 1, 1, 1, 1};
+    ckpt_reader *r = NULL;
+    cr_assert_eq(open_reader(b, &layout, &t, 1, 0, &r), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(truncate(b->paths[0], (off_t)sizeof data / 2), 0);
+    int status = ckpt_reader_read_rows(r, 0, 0, 0, 2, data, sizeof data);
+    cr_assert_neq(status, TP_OK, "a read past the end of a file cut short fails");
+    cr_assert(strstr(tp_errmsg(), b->paths[0]) && strstr(tp_errmsg(), "model/w"), "'%s' names the file and the tensor",
+              tp_errmsg());
+    ckpt_reader_close(r);
+    free(b);
+}
+
 Test(foreign, permuted_box_of_no_order_refused)
 {
     ckpt_foreign_box twice[1] = {{.file = 0, .offset = 0, .start = {0, 0}, .count = {4, 6}, .permuted = 1, .order = {0, 0}}};
