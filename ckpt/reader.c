@@ -944,8 +944,9 @@ static void gather_elements(char *dst, const char *src, int64_t src_stride, int6
  * dimension is src_inner. Where the two innermost differ (a transpose),
  * their plane is copied in tiles of PERMUTE_TILE x PERMUTE_TILE, so that
  * the lines a tile reads and writes stay in cache: copied a column at a
- * time, every element written touched another cache line (most of the
- * 9.4x a transposed [4096, 4096] chunk took; docs/BENCHMARKS.md). */
+ * time, every element written touched another cache line (with a read per
+ * column, the 12.5x a transposed [4096, 4096] chunk took against its
+ * contiguous copy; docs/BENCHMARKS.md, bench-dcp-strided). */
 static void permuted_copy(const char *src, const int64_t *src_stride, char *dst, const int64_t *dst_stride,
                           const int64_t *n, int ndim, int src_inner, int64_t elem)
 {
