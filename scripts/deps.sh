@@ -5,10 +5,11 @@ set -eu
 REPO_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 # patchelf: make gpu-pack gives every library it bundles a run path of its
-# own, inside the pack (scripts/gpu-pack.sh).
+# own, inside the pack (scripts/gpu-pack.sh). strace: tests/faults/test_crash.sh
+# reads the order of a commit's fsyncs and renames in the system calls.
 PACKAGES="gcc make pkg-config libhdf5-dev hdf5-tools libzstd-dev libcjson-dev libxxhash-dev libssl-dev libcurl4-openssl-dev curl libisal-dev
 libcriterion-dev libopenmpi-dev openmpi-bin libopenblas-dev libdnnl-dev procps
-python3 python3-numpy python3-h5py python3-xxhash python3-zstandard python3-torch gnuplot-nox patchelf"
+python3 python3-numpy python3-h5py python3-xxhash python3-zstandard python3-torch gnuplot-nox patchelf strace"
 
 # Slurm (slurmctld, slurmd, clients) for the tests that start a cluster on
 # this machine (tests/support/slurm.sh); optional: without it those tests

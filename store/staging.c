@@ -514,13 +514,51 @@ static int wait_for_readers(store_staged *st, store_file **held)
     }
 }
 
+/* The entries of a directory output made durable before it is renamed into
+ * place: those of every directory inside it, deepest first, then its own. An
+ * fsync of a directory covers its own entries only, and outputs have
+ * directories of their own (a Megatron-LM save's iter_N/mp_rank_XX holding
+ * model_optim_rng.pt): synced at the top alone, a power loss after the
+ * publish could leave the output under its final name without them. Local
+ * file systems only; an object store has no directories to sync. */
+#define SYNC_TREE_DEPTH_MAX 16
+
+typedef struct {
+    const store_ops *storage;
+    const char *dir;
+    int depth;
+} sync_tree_walk;
+
+static int sync_tree(const store_ops *s, const char *dir, int depth);
+
+static int sync_subdirectory(void *ctx, const char *name)
+{
+    const sync_tree_walk *walk = ctx;
+    char path[TP_PATH_MAX];
+    store_stat info;
+    TP_TRY(tp_path_join(path, walk->dir, name));
+    TP_TRY(walk->storage->stat(walk->storage, path, &info));
+    return info.exists && info.is_dir ? sync_tree(walk->storage, path, walk->depth + 1) : TP_OK;
+}
+
+static int sync_tree(const store_ops *s, const char *dir, int depth)
+{
+    if (depth > SYNC_TREE_DEPTH_MAX)
+        return tp_fail(TP_ERR_STATE, "%s: directories nested deeper than %d in an output", dir, SYNC_TREE_DEPTH_MAX);
+    if (s->local_paths) {
+        sync_tree_walk walk = {s, dir, depth};
+        TP_TRY(s->list(s, dir, sync_subdirectory, &walk));
+    }
+    return s->sync_dir(s, dir);
+}
+
 int store_staged_publish(store_staged *st)
 {
     const store_ops *s = st->storage;
     char parent[TP_PATH_MAX], base[TP_PATH_MAX];
     int status = tp_split_path(st->path, parent, sizeof parent, base, sizeof base);
     if (!status && st->directory) {
-        status = s->sync_dir(s, st->staging);
+        status = sync_tree(s, st->staging, 0);
     } else if (!status) {
         store_file *file = NULL;
         status = s->open(s, st->staging, STORE_OPEN_READ, &file);
