@@ -33,6 +33,9 @@
 
 #define STAGING_SUFFIX ".staging"
 #define CLAIM_SUFFIX ".new" /* a staging entry before its lock is taken */
+/* What a replacement moved aside, where the store has no atomic exchange
+ * (store_staged_publish): the staging name + ASIDE_SUFFIX. */
+#define ASIDE_SUFFIX ".replaced"
 
 struct store_staged {
     const store_ops *storage;
@@ -224,27 +227,39 @@ int store_is_staging_name(const char *name)
     return name[0] == '.' && n > suffix && strcmp(name + n - suffix, STAGING_SUFFIX) == 0;
 }
 
-/* Whether `name` is a claim (a staging name + CLAIM_SUFFIX) of base, or of
- * any base when base is NULL. */
-static int is_claim_of(const char *name, const char *base)
+/* Whether `name` is a staging name + suffix (CLAIM_SUFFIX, ASIDE_SUFFIX) of
+ * base, or of any base when base is NULL. */
+static int is_suffixed_of(const char *name, const char *suffix_text, const char *base)
 {
-    size_t n = strlen(name), suffix = strlen(CLAIM_SUFFIX);
+    size_t n = strlen(name), suffix = strlen(suffix_text);
     char staging[256];
-    if (n <= suffix || n - suffix >= sizeof staging || strcmp(name + n - suffix, CLAIM_SUFFIX) != 0) return 0;
+    if (n <= suffix || n - suffix >= sizeof staging || strcmp(name + n - suffix, suffix_text) != 0) return 0;
     memcpy(staging, name, n - suffix);
     staging[n - suffix] = '\0';
     return base ? is_staging_of(staging, base) : store_is_staging_name(staging);
 }
 
-/* Whether the claim `name` was left by a process of this machine that is
- * gone. A claim lives only between its creation and its lock being taken
- * (create_registered), so its lock being free says nothing; its owner's
- * host-pid-nonce does. A claim of another machine is never judged dead. */
-static int claimer_gone(const char *name)
+static int is_claim_of(const char *name, const char *base)
 {
-    /* .<base>.<host>-<pid>-<nonce>.staging.new: the owner is the part
+    return is_suffixed_of(name, CLAIM_SUFFIX, base);
+}
+
+static int is_aside_of(const char *name, const char *base)
+{
+    return is_suffixed_of(name, ASIDE_SUFFIX, base);
+}
+
+/* Whether the claim or aside `name` (a staging name + suffix) was left by a
+ * process of this machine that is gone. A claim lives only between its
+ * creation and its lock being taken (create_registered), and an aside is
+ * what was replaced, which its writer never locks, so a free lock says
+ * nothing; the owner's host-pid-nonce does. One of another machine is never
+ * judged dead. */
+static int owner_gone(const char *name, const char *suffix)
+{
+    /* .<base>.<host>-<pid>-<nonce>.staging<suffix>: the owner is the part
      * between the last '.' before STAGING_SUFFIX and STAGING_SUFFIX. */
-    size_t n = strlen(name) - strlen(CLAIM_SUFFIX) - strlen(STAGING_SUFFIX);
+    size_t n = strlen(name) - strlen(suffix) - strlen(STAGING_SUFFIX);
     char owner[STORE_OWNER_MAX];
     const char *start = name + n;
     while (start > name && start[-1] != '.') start--;
@@ -267,7 +282,8 @@ typedef struct {
 static int collect_staging(void *ctx, const char *name)
 {
     staging_list *l = ctx;
-    int match = (l->base ? is_staging_of(name, l->base) : store_is_staging_name(name)) || is_claim_of(name, l->base);
+    int match = (l->base ? is_staging_of(name, l->base) : store_is_staging_name(name)) || is_claim_of(name, l->base) ||
+                is_aside_of(name, l->base);
     if (!match || strlen(name) >= 256) return TP_OK;
     if (l->count == l->capacity) {
         int capacity = l->capacity ? 2 * l->capacity : 8;
@@ -280,14 +296,62 @@ static int collect_staging(void *ctx, const char *name)
     return TP_OK;
 }
 
-/* Removes the listed entries whose writers are gone; counts the live ones
- * (claims excepted: they are not staging entries yet). */
+/* What a replacement without an atomic exchange left aside at `aside`,
+ * its writer dead between moving the earlier output aside and renaming its
+ * own into place (or before removing the earlier one): the earlier output
+ * goes back to its name when nothing is there, so that a failed
+ * replacement leaves it as it was (it stayed hidden under this name for
+ * ever, and the output's name held nothing); when the new output was
+ * published, the earlier one goes, as its writer was about to do. Under an
+ * exclusive lock on the aside, so that of two scans one acts. */
+static int restore_aside(const store_ops *s, const char *parent, const char *aside)
+{
+    size_t n = strlen(aside) - strlen(ASIDE_SUFFIX) - strlen(STAGING_SUFFIX);
+    const char *owner_dot = aside + n;
+    while (owner_dot > aside + 1 && owner_dot[-1] != '.') owner_dot--;
+    /* .<base>.<owner>.staging.replaced: base is between the leading '.' and
+     * the '.' before the owner. */
+    char base[TP_PATH_MAX], entry[TP_PATH_MAX], path[TP_PATH_MAX];
+    size_t base_len = (size_t)(owner_dot - 1 - (aside + 1));
+    if (owner_dot <= aside + 2 || base_len >= sizeof base) return TP_OK;
+    memcpy(base, aside + 1, base_len);
+    base[base_len] = '\0';
+    TP_TRY(tp_path_join(entry, parent, aside));
+    TP_TRY(tp_path_join(path, parent, base));
+    store_file *lock = NULL;
+    int status = s->lock(s, entry, 0, &lock);
+    if (status == TP_ERR_EXISTS || status == TP_ERR_NOT_FOUND) return TP_OK; /* another scan's */
+    if (status) return status;
+    int aside_there = 0, output_there = 0;
+    status = store_exists(s, entry, &aside_there);
+    if (!status && aside_there) status = store_exists(s, path, &output_there);
+    if (!status && aside_there && !output_there) {
+        status = s->rename(s, entry, path, STORE_RENAME_NOREPLACE);
+        if (!status) status = s->sync_dir(s, parent);
+        if (status) tp_fail_context(status, "restoring %s, which a replacement that died had moved aside to %s", path, entry);
+    } else if (!status && aside_there) {
+        status = s->remove_tree(s, entry);
+        if (status) tp_fail_context(status, "removing %s, what a replacement that died had replaced", entry);
+    }
+    s->close(lock);
+    return status;
+}
+
+/* Removes the listed entries whose writers are gone, and restores what a
+ * dead replacement moved aside; counts the live ones (claims and asides
+ * excepted: they are not staging entries). */
 static int remove_dead(const store_ops *s, const char *parent, staging_list *l, int remove, int *live_out)
 {
     char entry[TP_PATH_MAX];
     int status = TP_OK;
     *live_out = 0;
+    /* Asides first: a dead writer's staging entry beside one may hold the
+     * replacement, never published, and goes below. */
+    for (int i = 0; remove && !status && i < l->count; i++)
+        if (is_aside_of(l->names[i], NULL) && owner_gone(l->names[i], ASIDE_SUFFIX))
+            status = restore_aside(s, parent, l->names[i]);
     for (int i = 0; !status && i < l->count; i++) {
+        if (is_aside_of(l->names[i], NULL)) continue;
         if (tp_path_join(entry, parent, l->names[i])) continue;
         store_file *lock = NULL;
         int locked = s->lock(s, entry, 0, &lock); /* exclusive, at once */
@@ -295,7 +359,7 @@ static int remove_dead(const store_ops *s, const char *parent, staging_list *l, 
         if (locked == TP_ERR_EXISTS) {
             if (!claim) (*live_out)++;
         } else if (locked == TP_OK) {
-            if (remove && (!claim || claimer_gone(l->names[i]))) {
+            if (remove && (!claim || owner_gone(l->names[i], CLAIM_SUFFIX))) {
                 status = s->remove_tree(s, entry);
                 if (status) tp_fail_context(status, "removing %s, left by a writer that is gone", entry);
             }
@@ -463,13 +527,15 @@ int store_stage(const store_ops *storage, const char *path, const store_stage_op
     int live = 0;
     char fresh[STORE_OWNER_MAX];
     const char *owner = options->owner;
-    int status = check_replace(s);
+    /* Dead writers' entries first: what a replacement that died left aside
+     * goes back to its name (restore_aside) before what is there is judged. */
+    int status = scan_staging(storage, path, 1, &live);
+    if (!status) status = check_replace(s);
     if (!status && !owner) { /* a name of its own, even beside another writer of this process */
         status = store_staging_owner(fresh, sizeof fresh);
         owner = fresh;
     }
     if (!status) status = store_staging_path(path, owner, s->staging, sizeof s->staging);
-    if (!status) status = scan_staging(storage, path, 1, &live);
     if (!status) status = create_registered(s);
     if (status) {
         free_staged(s);
@@ -598,7 +664,7 @@ int store_staged_publish(store_staged *st)
         if (status == TP_ERR_STATE) {
             /* No atomic exchange in this store: move the old one aside first. */
             char aside[TP_PATH_MAX + 16];
-            snprintf(aside, sizeof aside, "%s.replaced", st->staging);
+            snprintf(aside, sizeof aside, "%s" ASIDE_SUFFIX, st->staging);
             status = s->remove_tree(s, aside);
             if (!status) status = s->rename(s, st->path, aside, STORE_RENAME_REPLACE);
             if (!status) status = s->rename(s, st->staging, st->path, STORE_RENAME_NOREPLACE);

@@ -6,6 +6,10 @@
 #   fsynced, and its parent after the rename; a training save's `latest`
 #   is written, fsynced, renamed and its directory fsynced after the
 #   checkpoint is. What a power loss would keep cannot be shown by a kill.
+#   A --force replacement where the file system has no atomic exchange,
+#   killed between its renames or after them (strace injects both): the
+#   next writer of the name finds the earlier output, or the new one, and
+#   nothing left aside.
 #   kill -9 of a 2-rank tp-train under mpirun with a save at every step: of
 #   mpirun, of rank 0, of rank 1 or of every rank (drawn from FAULT_SEED),
 #   once the run has committed a save of its own (so that every trial moves
@@ -109,6 +113,48 @@ if not any(e == ("fsync", os.path.realpath(tmp)) for e in events[ckpt:latest]):
 if ("fsync", run) not in events[latest + 1:]:
     sys.exit("the run directory not fsynced after latest's rename")
 PYEOF
+fi
+
+# ------------------------------------- a replacement without an atomic exchange
+# Where the file system has no RENAME_EXCHANGE (NFS), --force moves the
+# earlier output aside (.NAME.OWNER.staging.replaced), then renames the new
+# one into place, then removes the aside. strace makes every renameat2 fail
+# with EINVAL, as such a file system does, and kills the writer (a) between
+# the two renames: the name held nothing and the earlier output stayed
+# hidden for ever, the new one removed as a dead writer's; (b) after the
+# publish, as it removes the aside: the earlier output stayed for ever. The
+# next writer of the name puts the earlier output back (a), or removes it (b).
+aside_left() { ls -A "$1" | grep -q '\.staging\.replaced$'; }
+if strace -f -o /dev/null true >/dev/null 2>&1; then
+    mkdir -p "$WORK/nx"
+    expect_ok "the earlier output" "$CK" synth -o "$WORK/nx/earlier" --tp 1 --pp 1 --model tiny --seed 1
+    expect_ok "the new output" "$CK" synth -o "$WORK/nx/new" --tp 1 --pp 1 --model tiny --seed 2
+    for case in between-renames removing-aside; do
+        out="$WORK/nx/$case/out"
+        mkdir -p "$WORK/nx/$case"
+        expect_ok "$case: an output to replace" "$CK" synth -o "$out" --tp 1 --pp 1 --model tiny --seed 1
+        case $case in
+        between-renames) kill_at="rename:signal=KILL:when=4" ;; # the claim, index.json, the aside, then this
+        removing-aside) kill_at="unlink,unlinkat:signal=KILL:when=1" ;;
+        esac
+        run strace -f -o "$WORK/nx/$case.trace" -e trace=rename,renameat2,unlink,unlinkat \
+            -e inject=renameat2:error=EINVAL -e inject=$kill_at \
+            "$CK" synth -o "$out" --tp 1 --pp 1 --model tiny --seed 2 --force
+        if [ $case = between-renames ]; then
+            check_all "$case: the kill struck with nothing at the name and the earlier output aside" \
+                "[ ! -e '$out' ] && aside_left '$WORK/nx/$case'"
+            expect_error "$case: the next writer of the name finds the earlier output back" 1 "already exists" \
+                "$CK" synth -o "$out" --tp 1 --pp 1 --model tiny --seed 3
+            check "$case: the output is the earlier one" same "$out" "$WORK/nx/earlier"
+        else
+            check_all "$case: the kill struck with the new output published and the earlier one aside" \
+                "same '$out' '$WORK/nx/new' && aside_left '$WORK/nx/$case'"
+            expect_error "$case: the next writer of the name" 1 "already exists" \
+                "$CK" synth -o "$out" --tp 1 --pp 1 --model tiny --seed 3
+            check "$case: the output is the new one" same "$out" "$WORK/nx/new"
+        fi
+        check_all "$case: nothing left beside it" "no_staging '$WORK/nx/$case' && ! aside_left '$WORK/nx/$case'"
+    done
 fi
 
 # ------------------------------------------ kill -9 of a 2-rank run under mpirun
