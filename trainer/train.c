@@ -396,6 +396,21 @@ static int optimizer_step(trainer *t, int64_t step, double *norm_out, double *lr
     return TP_OK;
 }
 
+/* One directory of make_dirs, made durable in its parent when created: the
+ * run directory holds the run's checkpoints, whose commits fsync the run
+ * directory but not its parent, so a power loss could lose a new run
+ * directory with every checkpoint committed in it. */
+static int make_dir_durable(const char *path)
+{
+    if (mkdir(path, 0755) != 0)
+        return errno == EEXIST ? TP_OK : tp_fail(TP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    char parent[TP_PATH_MAX], base[TP_PATH_MAX];
+    const store_ops *posix;
+    TP_TRY(tp_split_path(path, parent, sizeof parent, base, sizeof base));
+    TP_TRY(store_for(parent, &posix));
+    return posix->sync_dir(posix, parent);
+}
+
 /* mkdir -p */
 static int make_dirs(const char *path)
 {
@@ -404,11 +419,10 @@ static int make_dirs(const char *path)
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", buf, strerror(errno));
+        TP_TRY(make_dir_durable(buf));
         *p = '/';
     }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return tp_fail(TP_ERR_IO, "%s: cannot create: %s", buf, strerror(errno));
-    return TP_OK;
+    return make_dir_durable(buf);
 }
 
 static char *schedule_json(const train_options *o, int64_t step)

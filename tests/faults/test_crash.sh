@@ -85,14 +85,15 @@ else
         check "$kind: every file and directory fsynced before the rename, the parent after" \
             durable_before_rename "$WORK/order/$kind.trace" "$out"
     done
-    # A training save: the checkpoint, then `latest` (written aside, fsynced,
-    # renamed, its directory fsynced).
+    # A training save into a run directory it makes (new/run): the
+    # directories it made fsynced into their parents, the checkpoint, then
+    # `latest` (written aside, fsynced, renamed, its directory fsynced).
     expect_ok "a training save under strace" strace -f -y -e trace=fsync,rename,renameat2 -o "$WORK/order/train.trace" \
-        "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 1 --ckpt-dir "$WORK/order/run"
+        "$TRAIN" --model tiny --micro-batch 2 --quiet --steps 1 --ckpt-dir "$WORK/order/new/run"
     check "training: the checkpoint fsynced before its rename, the run directory after" \
-        durable_before_rename "$WORK/order/train.trace" "$WORK/order/run/step_00000001"
-    check "training: latest fsynced, renamed after the checkpoint, the run directory fsynced after" "$PY" - \
-        "$WORK/order/train.trace" "$WORK/order/run" <<'PYEOF'
+        durable_before_rename "$WORK/order/train.trace" "$WORK/order/new/run/step_00000001"
+    check "training: latest fsynced, renamed after the checkpoint, the run directory fsynced after; the directories made fsynced into their parents before" "$PY" - \
+        "$WORK/order/train.trace" "$WORK/order/new/run" <<'PYEOF'
 import os, re, sys
 run = os.path.realpath(sys.argv[2])
 events = []
@@ -112,6 +113,9 @@ if not any(e == ("fsync", os.path.realpath(tmp)) for e in events[ckpt:latest]):
     sys.exit("latest's temporary %s not fsynced before its rename" % tmp)
 if ("fsync", run) not in events[latest + 1:]:
     sys.exit("the run directory not fsynced after latest's rename")
+for made in (os.path.dirname(run), os.path.dirname(os.path.dirname(run))):
+    if ("fsync", made) not in events[:ckpt]:
+        sys.exit("%s (holding a directory the run made) not fsynced before the checkpoint's rename" % made)
 PYEOF
 fi
 
