@@ -147,7 +147,7 @@ kills_checked "reshard Megatron-LM to torch_dist" "$WORK/k-td/td" $TORCH_DIST
 TRAIN_ARGS="--model tiny --micro-batch 2 --quiet --steps 100000 --ckpt-every 1 --ckpt-dir $WORK/k/run"
 bad=0 i=0 instants=""
 while [ $i -lt "$TRIALS" ]; do
-    (use_open_mpi; exec "$TRAIN" $TRAIN_ARGS --resume) >/dev/null 2>&1 & # one process: $! is the trainer
+    (use_open_mpi; exec "$TRAIN" $TRAIN_ARGS --resume) >"$WORK/k/launch.out" 2>&1 & # one process: $! is the trainer
     pid=$!
     # The first trial waits for a first save; then the kill lands anywhere
     # in start-up, steps and saves.
@@ -158,15 +158,30 @@ while [ $i -lt "$TRIALS" ]; do
     sleep "$at"
     kill -9 $pid 2>/dev/null
     wait $pid 2>/dev/null
+    # Ended by the kill, not by itself (a launch that failed was no trial).
+    rc=$?
+    if [ $rc -ne 137 ]; then
+        bad=$((bad + 1))
+        echo "    launch $i ended with exit $rc before its kill: $(head -3 "$WORK/k/launch.out")" >&2
+    fi
+    # Each checkpoint verified once, known by its index's inode (a step saved
+    # again is a new one), recorded outside the run directory: a file inside
+    # a step's directory (a `.verified` mark, as it was) makes it not a
+    # checkpoint's, and the next launch, resuming from an older `latest`,
+    # failed to save that step again.
     for d in "$WORK"/k/run/step_*; do
         [ -e "$d/index.json" ] || continue
-        [ -e "$d/.verified" ] && continue
-        if intact "$d"; then : >"$d/.verified"; else bad=$((bad + 1)); echo "    damaged after a kill: $d" >&2; fi
+        seen="$(basename "$d"):$(stat -c %i "$d/index.json")"
+        grep -qxF "$seen" "$WORK/k/verified" 2>/dev/null && continue
+        if intact "$d"; then echo "$seen" >>"$WORK/k/verified"; else bad=$((bad + 1)); echo "    damaged after a kill: $d" >&2; fi
     done
     latest=$(cat "$WORK/k/run/latest" 2>/dev/null)
     [ -z "$latest" ] || [ -e "$WORK/k/run/$latest/index.json" ] || bad=$((bad + 1))
     # Checkpoints already verified go, so that the run directory stays small.
-    for d in "$WORK"/k/run/step_*; do [ -e "$d/.verified" ] && [ "$(basename "$d")" != "$latest" ] && rm -rf "$d"; done
+    for d in "$WORK"/k/run/step_*; do
+        [ "$(basename "$d")" != "$latest" ] && [ -e "$d/index.json" ] &&
+            grep -qxF "$(basename "$d"):$(stat -c %i "$d/index.json")" "$WORK/k/verified" && rm -rf "$d"
+    done
     i=$((i + 1))
 done
 check "training saves: every committed checkpoint verified after each of $TRIALS kills" [ "$bad" -eq 0 ]
