@@ -159,6 +159,8 @@ if strace -f -o /dev/null true >/dev/null 2>&1; then
         fi
         check_all "$case: nothing left beside it" "no_staging '$WORK/nx/$case' && ! aside_left '$WORK/nx/$case'"
     done
+else
+    echo "[$NAME] SKIP a replacement without an atomic exchange: strace cannot trace here"
 fi
 
 # ------------------------------------------ kill -9 of a 2-rank run under mpirun
