@@ -659,8 +659,11 @@ int64_t ckpt_reader_verify_thread_bytes(const ckpt_reader *reader);
 int64_t ckpt_tensor_verify_read_bytes(const ckpt_tensor_desc *tensor, int tp, int compressed, int foreign);
 /* Bytes of buffers a thread reading this checkpoint (ckpt_reader_read_rows
  * and the other reads) keeps from call to call, beside CKPT_THREAD_MEMORY
- * and the caller's buffers: a foreign piece's rows of a box stored in
- * another order (ckpt_foreign_box.permuted), up to 8 MiB; 0 for most. */
+ * and the caller's buffers; 0 for this library's own checkpoints. Another
+ * tool's: the bounce buffer its boxes are read through where a region's
+ * rows do not land whole (up to 8 MiB and its largest piece), and the rows
+ * a thread keeps of a box stored in another order
+ * (ckpt_foreign_box.permuted), up to 8 MiB more. */
 int64_t ckpt_reader_read_thread_bytes(const ckpt_reader *reader);
 
 

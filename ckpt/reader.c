@@ -1482,7 +1482,19 @@ int64_t ckpt_tensor_verify_read_bytes(const ckpt_tensor_desc *t, int tp, int com
 
 int64_t ckpt_reader_read_thread_bytes(const ckpt_reader *r)
 {
-    return r->permuted_rows_bytes;
+    if (!r->foreign) return 0;
+    /* The bounce buffer of the boxes (read_boxes, read_permuted_box): a
+     * region whose rows do not land whole in the caller's buffer (a column
+     * range of a foreign chunk, as a cut along dimension 1 asks for) is read
+     * through it, up to BOX_BOUNCE_MAX and the piece's bytes. */
+    int64_t bounce = 0;
+    for (int i = 0; i < r->index.num_tensors; i++)
+        for (int p = 0; p < r->index.tensors[i].num_pieces; p++) {
+            int64_t bytes = r->pieces[i][p].geometry.bytes;
+            if (bytes > BOX_BOUNCE_MAX) bytes = BOX_BOUNCE_MAX;
+            if (bytes > bounce) bounce = bytes;
+        }
+    return bounce + r->permuted_rows_bytes;
 }
 
 int64_t ckpt_reader_verify_thread_bytes(const ckpt_reader *r)
