@@ -302,8 +302,9 @@ soak: deps
 # safetensors reader, the partition arithmetic, the pickle interpreter,
 # torch.save archives, Megatron-LM checkpoints, the Megatron-LM writer's
 # carrying over of a source's non-tensor state, PyTorch distributed
-# checkpoints' .metadata, Megatron-Core's .metadata and common.pt, and
-# Hugging Face config.json and tokenizer files (tests/fuzz/fuzz_*.c), each
+# checkpoints' .metadata, Megatron-Core's .metadata and common.pt, its
+# metadata.json and tracker file, Hugging Face config.json and tokenizer
+# files, and tp-train's token files (tests/fuzz/fuzz_*.c), each
 # for FUZZ_SECONDS from its seed corpus (tests/fuzz/corpus/<target>, with
 # tests/fuzz/<target>.dict where there is one, and the corpora that
 # tests/fuzz/<target>.seeds names, a folder a line); new
@@ -314,7 +315,7 @@ FUZZ_SECONDS ?= 30
 # Where the fuzzers are built and their corpora and crashes kept
 # (tests/e2e/test_fuzz_build.sh builds them in its own directory).
 FUZZ_BUILD ?= build-fuzz
-FUZZ_TARGETS := index safetensors partition pickle torch megatron megatron_write dcp megatron_dist hf
+FUZZ_TARGETS := index safetensors partition pickle torch megatron megatron_write dcp megatron_dist megatron_dist_json hf data
 FUZZ_SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all
 fuzz: deps
 	@command -v clang >/dev/null || { echo "make fuzz needs clang (apt-get install clang)" >&2; exit 1; }
@@ -330,6 +331,12 @@ fuzz: deps
 	done
 
 $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/support/fuzz_scratch.o $(MODEL_STACK)
+	@mkdir -p $(dir $@)
+	$(say) LD $@
+	$(Q)$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+
+# The token files' fuzzer reads them with the trainer's library.
+$(BUILD)/fuzz/fuzz_data: $(BUILD)/obj/tests/fuzz/fuzz_data.o $(BUILD)/obj/tests/support/fuzz_scratch.o $(TRAINER_STACK)
 	@mkdir -p $(dir $@)
 	$(say) LD $@
 	$(Q)$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)

@@ -216,9 +216,22 @@ Test(megatron_dist, true_vocabulary_leaves_the_padding_out)
 
 /* ------------------------------------------------------------ the corpus */
 
+#define LLVMFuzzerTestOneInput fuzz_megatron_dist_one
 #include "../fuzz/fuzz_megatron_dist.c"
+#undef LLVMFuzzerTestOneInput
 
 Test(megatron_dist, fuzz_corpus)
 {
-    cr_assert_gt(replay_corpus("megatron_dist", LLVMFuzzerTestOneInput), 0);
+    cr_assert_gt(replay_corpus("megatron_dist", fuzz_megatron_dist_one), 0);
+}
+
+#define LLVMFuzzerTestOneInput fuzz_megatron_dist_json_one
+#include "../fuzz/fuzz_megatron_dist_json.c"
+#undef LLVMFuzzerTestOneInput
+
+/* metadata.json and the tracker file (tests/fuzz/corpus/megatron_dist_json:
+ * Megatron-Core's own, and crashes found by `make fuzz`). */
+Test(megatron_dist, fuzz_corpus_json)
+{
+    cr_assert_gt(replay_corpus("megatron_dist_json", fuzz_megatron_dist_json_one), 0);
 }

@@ -234,3 +234,14 @@ Test(data, files_shorter_than_a_window_are_reported)
     cr_assert_eq(dataset_files_shorter_than(d, 33, names, counts, 2), 0, "the synthetic dataset has no files");
     dataset_close(d);
 }
+
+/* ------------------------------------------ the fuzzing corpus, replayed */
+
+#include "../fuzz/fuzz_data.c"
+
+/* tests/fuzz/corpus/data (token files written by `tp-train prepare`, and
+ * crashes found by `make fuzz`): each opened and read as fuzz_data does. */
+Test(data, fuzz_corpus)
+{
+    cr_assert_gt(replay_corpus("data", LLVMFuzzerTestOneInput), 0);
+}
