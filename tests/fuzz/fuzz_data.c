@@ -28,14 +28,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* The fixed second file of the glob: Llama 3's format, 3 uint32 tokens. */
 #define FUZZ_DATA_OTHER_TOKENS 3
 
-static int fuzz_data_write(const char *path, const void *data, size_t size)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    size_t n = fwrite(data, 1, size, f);
-    return fclose(f) == 0 && n == size ? 0 : -1;
-}
-
 /* The scratch directory, holding b.bin (the glob's second file), made once. */
 static const char *fuzz_data_dir(void)
 {
@@ -49,7 +41,7 @@ static const char *fuzz_data_dir(void)
         file[DATA_HEADER_INTS] = 1, file[DATA_HEADER_INTS + 1] = 2, file[DATA_HEADER_INTS + 2] = 255;
         if (fuzz_scratch_dir("data", dir, sizeof dir) == 0) {
             snprintf(path, sizeof path, "%s/b.bin", dir);
-            if (fuzz_data_write(path, file, sizeof file)) dir[0] = '\0';
+            if (fuzz_write_file(path, file, sizeof file)) dir[0] = '\0';
         } else {
             dir[0] = '\0';
         }
@@ -96,7 +88,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     snprintf(glob, sizeof glob, "%s/[ab].bin", dir);
     static const int64_t vocabs[] = {256, 128256, (int64_t)1 << 31};
     for (int v = 0; v < 3; v++) {
-        if (fuzz_data_write(path, data, size)) return 0;
+        if (fuzz_write_file(path, data, size)) return 0;
         dataset *d = NULL;
         if (dataset_open(&d, path, vocabs[v], 1) == 0) {
             fuzz_data_read(d, vocabs[v]);
@@ -105,7 +97,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
              * tokens of the vocabulary. */
             if (truncate(path, (off_t)(size / 2)) == 0) fuzz_data_read(d, vocabs[v]);
             dataset_close(d);
-            if (fuzz_data_write(path, data, size)) return 0;
+            if (fuzz_write_file(path, data, size)) return 0;
         }
         if (dataset_open(&d, glob, vocabs[v], 1) == 0) {
             if (dataset_tokens(d) < FUZZ_DATA_OTHER_TOKENS + 2) __builtin_trap(); /* both files */

@@ -34,11 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!dir[0]) return 0;
     char path[600];
     snprintf(path, sizeof path, "%s/.metadata", dir);
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    size_t written = fwrite(data, 1, size, f);
-    fclose(f);
-    if (written != size) return 0;
+    if (fuzz_write_file(path, data, size)) return 0;
     dcp_checkpoint *dcp = NULL;
     if (dcp_open(dir, &dcp) != 0) return 0;
     for (int i = 0; i < dcp_num_entries(dcp); i++) {

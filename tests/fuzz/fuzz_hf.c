@@ -33,10 +33,7 @@ static int put_file(const char *dir, const char *name, const uint8_t *data, size
     char path[640];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     if (!data) return unlink(path) == 0 || access(path, F_OK) != 0 ? 0 : -1;
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    size_t n = fwrite(data, 1, size, f);
-    return fclose(f) == 0 && n == size ? 0 : -1;
+    return fuzz_write_file(path, data, size);
 }
 
 /* The input split at the first line `separator`: [data, *first) and

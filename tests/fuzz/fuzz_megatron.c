@@ -35,10 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     if (!file[0]) return 0;
-    FILE *f = fopen(file, "wb");
-    if (!f) return 0;
-    size_t written = fwrite(data, 1, size, f);
-    if (fclose(f) != 0 || written != size) return 0;
+    if (fuzz_write_file(file, data, size)) return 0;
     megatron_checkpoint *m = NULL;
     if (megatron_open(fuzz_dir, &m) == 0) {
         ckpt_reader *r = NULL;

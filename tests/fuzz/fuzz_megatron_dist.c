@@ -48,10 +48,7 @@ static int fuzz_dist_put(const char *dir, const char *name, const uint8_t *data,
     }
     snprintf(replaced, sizeof replaced, "%s", name);
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    size_t written = fwrite(data, 1, size, f);
-    return fclose(f) == 0 && written == size ? 0 : -1;
+    return fuzz_write_file(path, data, size);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -49,10 +49,7 @@ static int fuzz_dist_json_put(const char *dir, const char *name, const void *dat
 {
     char path[700];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    size_t n = fwrite(data, 1, size, f);
-    return fclose(f) == 0 && n == size ? 0 : -1;
+    return fuzz_write_file(path, data, size);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -23,10 +23,7 @@ static int write_file(const char *name, const void *data, size_t size)
 {
     char path[640];
     snprintf(path, sizeof path, "%s/%s", index_dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    size_t n = fwrite(data, 1, size, f);
-    return fclose(f) == 0 && n == size ? 0 : -1;
+    return fuzz_write_file(path, data, size);
 }
 
 /* The directory of the index mode, made once. */

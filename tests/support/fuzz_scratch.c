@@ -47,9 +47,20 @@ int fuzz_scratch_with_copies(const char *name, const char *from_dir, const char 
     return 0;
 }
 
+int fuzz_write_file(const char *path, const void *data, size_t size)
+{
+    (void)unlink(path);
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t n = fwrite(data, 1, size, f);
+    return fclose(f) == 0 && n == size ? 0 : -1;
+}
+
 int fuzz_copy_file(const char *from, const char *to)
 {
-    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    FILE *in = fopen(from, "rb");
+    if (in) (void)unlink(to); /* a new file, as fuzz_write_file writes */
+    FILE *out = in ? fopen(to, "wb") : NULL;
     char buf[1 << 16];
     size_t n;
     int ok = in && out;

@@ -23,4 +23,10 @@ int fuzz_scratch_with_copies(const char *name, const char *from_dir, const char 
 /* Copies the file at `from` to `to`; 0, or -1 when a read or write failed. */
 int fuzz_copy_file(const char *from, const char *to);
 
+/* Writes size bytes of data as the file at path, a new file in place of
+ * any there (removed first: ext4 flushes a file truncated by fopen "wb" to
+ * disk when it is closed, which made the fuzzers of files wait on the disk
+ * at every input); 0, or -1 when the write failed. */
+int fuzz_write_file(const char *path, const void *data, size_t size);
+
 #endif
