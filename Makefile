@@ -311,6 +311,9 @@ soak: deps
 # inputs go to build-fuzz/corpus, crashes to build-fuzz/crashes. `make test`
 # replays the corpus (tests/ckpt/test_hostile.c) and builds and runs every
 # fuzzer for a second (tests/e2e/test_fuzz_build.sh), so that none rots.
+# The fuzzers of files write each input under TMPDIR: one on tmpfs
+# (TMPDIR=/dev/shm make fuzz) ran fuzz_data 10 times as many inputs a
+# second as /tmp on a shared disk (docs/RELIABILITY.md).
 FUZZ_SECONDS ?= 30
 # Where the fuzzers are built and their corpora and crashes kept
 # (tests/e2e/test_fuzz_build.sh builds them in its own directory).
