@@ -949,7 +949,7 @@ int checkpoint_load(gpt_model *m, const char *dir, int with_optimizer, checkpoin
             /* Each first replica's own view, taken before rank 0's result
              * is handed to every rank (share_over_replicas): a stage whose
              * pieces lack the moments is said, whichever rank read it. */
-            int lacks_optimizer = c->dp_rank == 0 && !out->optimizer_loaded, missing;
+            int lacks_optimizer = c->dp_rank == 0 && !out->optimizer_loaded, missing = 0;
             status = share_over_replicas(m, with_optimizer, b.moments, out);
             if (!status) status = comm_any(c, lacks_optimizer, &missing);
             out->optimizer_loaded = !missing;
