@@ -644,8 +644,9 @@ void ckpt_verify_result_free(ckpt_verify_result *result);
 /* Bytes of buffers one thread of ckpt_verify holds at most for this
  * checkpoint, beside CKPT_THREAD_MEMORY: its largest piece's verified read
  * (whole blocks, up to CKPT_VERIFY_READ_BYTES), a compressed piece's chunk
- * and its compressed bound, and a foreign piece's bounce buffer (its box
- * rows, up to 8 MiB). A checkpoint whose pieces are small needs that much
+ * and its compressed bound, and beside it the largest bounce buffer a
+ * foreign piece's boxes take (rows of a box narrower than its piece, up to
+ * 8 MiB; none for boxes of whole rows). A checkpoint whose pieces are small needs that much
  * alone: a memory limit is sized from it (reshard_threads_within), so that
  * a checkpoint of kilobytes is not given 16 MiB a thread it never reads. */
 int64_t ckpt_reader_verify_thread_bytes(const ckpt_reader *reader);
@@ -665,6 +666,13 @@ int64_t ckpt_tensor_verify_read_bytes(const ckpt_tensor_desc *tensor, int tp, in
  * a thread keeps of a box stored in another order
  * (ckpt_foreign_box.permuted), up to 8 MiB more. */
 int64_t ckpt_reader_read_thread_bytes(const ckpt_reader *reader);
+/* The bounce buffer the verified read of a foreign piece of tensor at
+ * degree tp takes for a box of count[] inside it (what
+ * ckpt_reader_verify_thread_bytes counts for that box): 0 where the box
+ * holds the piece's whole rows, so that a writer that knows its boxes (a
+ * DCP chunk) sizes its output's read back by them, not by the bound that
+ * ckpt_tensor_verify_read_bytes adds for a foreign piece. */
+int64_t ckpt_tensor_box_bounce_bytes(const ckpt_tensor_desc *tensor, int tp, const int64_t *count);
 
 
 

@@ -1464,20 +1464,55 @@ static size_t digest_buffer_bytes(const ckpt_piece_geometry *g, int compressed)
     return (size_t)data + (compressed ? scratch_bytes(g) : 0);
 }
 
-/* What piece_digest holds for a piece of geometry g. */
-static int64_t piece_verify_bytes(const ckpt_piece_geometry *g, int compressed, int foreign)
+/* The bounce buffer read_boxes takes for a box of count[] inside a foreign
+ * piece of geometry g when piece_digest reads it: none where the box's rows
+ * are the piece's whole rows (read where they go) or longer than
+ * BOX_BOUNCE_MAX (each run read where it goes); else as many of its rows as
+ * fit BOX_BOUNCE_MAX, at most the box's and a digest read's. */
+static int64_t box_bounce_bytes(const ckpt_piece_geometry *g, const int64_t *count)
 {
-    int64_t bytes = (int64_t)digest_buffer_bytes(g, compressed);
-    /* A foreign piece's rows come through the bounce buffer of its boxes (read_boxes). */
-    if (foreign) bytes += g->bytes < BOX_BOUNCE_MAX ? g->bytes : BOX_BOUNCE_MAX;
-    return bytes;
+    int64_t box_row_bytes = element_bytes(g);
+    int whole_rows = 1;
+    for (int d = 1; d < g->ndim; d++) {
+        box_row_bytes *= count[d];
+        whole_rows = whole_rows && count[d] == g->shape[d];
+    }
+    if (whole_rows || box_row_bytes <= 0 || box_row_bytes > BOX_BOUNCE_MAX) return 0;
+    int64_t rows = BOX_BOUNCE_MAX / box_row_bytes, read_rows = blocks_per_digest_read(g, 0) * g->block_rows;
+    if (rows > count[0]) rows = count[0];
+    if (rows > read_rows) rows = read_rows;
+    return rows * box_row_bytes;
+}
+
+/* What piece_digest holds for a piece of geometry g, its bounce buffer
+ * apart: a foreign piece's rows come through the bounce buffer of its boxes
+ * (read_boxes). Each is a thread's scratch (scratch_buffer), kept at the
+ * largest it was asked for: a thread holds the largest of each at once. */
+static int64_t piece_verify_bytes(const ckpt_piece_geometry *g, int compressed)
+{
+    return (int64_t)digest_buffer_bytes(g, compressed);
+}
+
+/* The most bounce a foreign piece of geometry g may take when no box is
+ * known (the output of another tool's writer): its rows through
+ * BOX_BOUNCE_MAX. */
+static int64_t piece_bounce_bound(const ckpt_piece_geometry *g)
+{
+    return g->bytes < BOX_BOUNCE_MAX ? g->bytes : BOX_BOUNCE_MAX;
 }
 
 int64_t ckpt_tensor_verify_read_bytes(const ckpt_tensor_desc *t, int tp, int compressed, int foreign)
 {
     ckpt_piece_geometry g;
     ckpt_piece_geometry_init(&g, t, tp, 0); /* the writer's blocks (ckpt_piece_block_rows) */
-    return piece_verify_bytes(&g, compressed, foreign);
+    return piece_verify_bytes(&g, compressed) + (foreign ? piece_bounce_bound(&g) : 0);
+}
+
+int64_t ckpt_tensor_box_bounce_bytes(const ckpt_tensor_desc *t, int tp, const int64_t *count)
+{
+    ckpt_piece_geometry g;
+    ckpt_piece_geometry_init(&g, t, tp, 0);
+    return box_bounce_bytes(&g, count);
 }
 
 int64_t ckpt_reader_read_thread_bytes(const ckpt_reader *r)
@@ -1490,8 +1525,7 @@ int64_t ckpt_reader_read_thread_bytes(const ckpt_reader *r)
     int64_t bounce = 0;
     for (int i = 0; i < r->index.num_tensors; i++)
         for (int p = 0; p < r->index.tensors[i].num_pieces; p++) {
-            int64_t bytes = r->pieces[i][p].geometry.bytes;
-            if (bytes > BOX_BOUNCE_MAX) bytes = BOX_BOUNCE_MAX;
+            int64_t bytes = piece_bounce_bound(&r->pieces[i][p].geometry);
             if (bytes > bounce) bounce = bytes;
         }
     return bounce + r->permuted_rows_bytes;
@@ -1499,15 +1533,20 @@ int64_t ckpt_reader_read_thread_bytes(const ckpt_reader *r)
 
 int64_t ckpt_reader_verify_thread_bytes(const ckpt_reader *r)
 {
-    int64_t most = 0;
+    int64_t most = 0, bounce = 0;
     for (int i = 0; i < r->index.num_tensors; i++)
         for (int p = 0; p < r->index.tensors[i].num_pieces; p++) {
-            int64_t bytes = piece_verify_bytes(&r->pieces[i][p].geometry, r->index.tensors[i].pieces[p].compressed,
-                                               r->foreign);
-            if (r->foreign) bytes += r->permuted_rows_bytes; /* the rows of a permuted box kept */
+            const piece_runtime *pr = &r->pieces[i][p];
+            int64_t bytes = piece_verify_bytes(&pr->geometry, r->index.tensors[i].pieces[p].compressed);
             if (bytes > most) most = bytes;
+            for (int64_t k = 0; k < pr->num_boxes; k++) {
+                /* A box stored in another order is read in slabs of the whole bound (read_permuted_box). */
+                int64_t b = pr->boxes[k].permuted ? piece_bounce_bound(&pr->geometry)
+                                                  : box_bounce_bytes(&pr->geometry, pr->boxes[k].count);
+                if (b > bounce) bounce = b;
+            }
         }
-    return most;
+    return most + bounce + r->permuted_rows_bytes; /* the rows of a permuted box kept (0 for most) */
 }
 
 /* A piece's part of its tensor's logical digest, its blocks read (and

@@ -185,6 +185,12 @@ typedef struct {
     int64_t bytes;      /* tensor data written */
     int threads;
     int64_t buffer_memory;
+    /* Buffers a thread holds reading the output back verified (a plain DCP
+     * one: hooks NULL; else 0), as the reader presents it (tp1, each chunk a
+     * box): the largest whole tensor's verified read, and beside it the
+     * bounce buffer of the largest chunk narrower than its tensor
+     * (ckpt_tensor_box_bounce_bytes): chunks of whole rows take none. */
+    int64_t read_back_bytes;
 } dcp_write_plan;
 
 int dcp_write_plan_create(ckpt_reader *source, const dcp_write_options *options, dcp_write_plan *plan);

@@ -437,6 +437,15 @@ int dcp_write_plan_create(ckpt_reader *source, const dcp_write_options *options,
     plan->files = w.to.tp * w.to.pp * w.dp;
     for (int i = 0; !status && options->others_from && i < dcp_num_entries(options->others_from); i++)
         plan->others += carried_along(&w, dcp_entry_at(options->others_from, i));
+    /* The read back: DCP's reader presents every tensor whole (tp1), its chunks as boxes. */
+    int64_t verify_read = 0, bounce = 0;
+    for (int64_t c = 0; !status && !w.hooks && c < w.num_chunks; c++) {
+        const ckpt_tensor_desc *t = ckpt_reader_tensor(source, w.chunks[c].tensor);
+        int64_t read = ckpt_tensor_verify_read_bytes(t, 1, 0, 0), box = ckpt_tensor_box_bounce_bytes(t, 1, w.chunks[c].sizes);
+        if (read > verify_read) verify_read = read;
+        if (box > bounce) bounce = box;
+    }
+    plan->read_back_bytes = verify_read + bounce;
     int64_t per_thread = 3 * block_bytes(&w) + 2 * w.largest_whole, share;
     int threads = options->threads > 0 ? options->threads : parallel_cpu_count();
     if (threads > plan->files) threads = plan->files;

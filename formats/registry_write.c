@@ -458,7 +458,7 @@ static int plan_dcp(formats_source *source, const formats_write_options *o, form
     TP_TRY(dcp_write_plan_create(reader, &w->options, &w->plan));
     const dcp_write_plan *p = &w->plan;
     summarize(s, "dcp", p->tp, p->pp, p->files, p->tensors, p->bytes, p->threads, p->buffer_memory);
-    foreign_read_back(s, reader);
+    s->read_back_bytes = p->read_back_bytes; /* by its chunks, which it knows */
     snprintf(s->target, sizeof s->target, "PyTorch distributed checkpoint, tp%dpp%d%s", p->tp, p->pp,
              p->dp > 1 ? ", pieces cut over data-parallel ranks" : "");
     snprintf(s->contents, sizeof s->contents, "%d tensors in %d chunks", p->tensors, p->chunks);

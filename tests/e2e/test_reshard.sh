@@ -226,6 +226,25 @@ assert j["verified"] and j["peak_rss_bytes"] <= 48 * 2**20, j["peak_rss_bytes"]'
         "memory limit of 40.00 MiB is too small: one thread needs at least [0-9.]+ MiB: --verify, reading the output back in slabs: 16.00 MiB of buffers" \
         "$RS" "$WORK/big" --to tp2 -o "$WORK/big3" --memory-limit 40M --verify
     check "nothing written" [ ! -e "$WORK/big3" ]
+    # A DCP output at tp1 is read back whole tensor by tensor, each chunk a
+    # box of whole rows: no bounce buffer. Counted with 8 MiB of bounce all
+    # the same (24 MiB a thread), it was refused at 48M (31 MiB measured);
+    # at tp2 the column-split tensors' chunks are narrower than their rows
+    # and still take it.
+    expect_ok "a DCP output at tp1 with --verify on 8 threads within 48M (refused before)" "$RS" "$WORK/big" \
+        --to tp1 --format dcp -o "$WORK/big3" --memory-limit 48M --threads 8 --verify --json
+    check "its peak RSS, the verify's included, within 48M" "$PY" -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["verified"] and j["peak_rss_bytes"] <= 48 * 2**20, j["peak_rss_bytes"]' "$WORK/.out"
+    expect_ok "tp-ckpt verify of it on 8 threads within 48M (refused before)" "$CK" verify "$WORK/big3" --threads 8 \
+        --memory-limit 48M
+    check "its peak memory within 48M" "$PY" "$ROOT/tests/support/peak_within.py" "$WORK/.out" 48
+    rm -rf "$WORK/big3"
+    expect_error "a DCP output at tp2 with --verify within 48M: refused, its narrow chunks bounced" 2 \
+        "memory limit of 48.00 MiB is too small: one thread needs at least [0-9.]+ MiB: --verify, reading the output back in slabs: 24.00 MiB of buffers" \
+        "$RS" "$WORK/big" --to tp2 --format dcp -o "$WORK/big3" --memory-limit 48M --verify
+    check "nothing written" [ ! -e "$WORK/big3" ]
     # tp-ckpt verify within --memory-limit: 72 MiB on 8 threads unbounded.
     # (Its own peak, said under --memory-limit: a Python parent's rusage of
     # its children counts the Python it was spawned from.)
