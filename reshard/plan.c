@@ -549,7 +549,10 @@ int reshard_plan_create(reshard_plan **out, ckpt_reader *source, const reshard_o
         if (read > piece_read) piece_read = read;
         if (slab > converted) converted = slab;
     }
-    s->read_back_bytes = piece_read + converted;
+    /* A converted tensor's source is read again, slab by slab
+     * (converted_digest), through the buffers its reader keeps a thread:
+     * another tool's bounce buffer and a transposed box's rows. */
+    s->read_back_bytes = piece_read + converted + (converted > 0 ? reading : 0);
     s->memory_limit = limit;
     s->device = plan->use_cuda ? "cuda" : "cpu";
     *out = plan;

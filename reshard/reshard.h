@@ -103,7 +103,8 @@ typedef struct {
     int64_t read_back_bytes;  /* buffers one thread holds reading the output back (reshard_verify, and the
                                  ckpt_verify before an upload): the largest verified read of an output piece
                                  (ckpt_tensor_verify_read_bytes) and, where a dtype changes, the largest
-                                 source slab digested converted beside it (both kept by the thread) */
+                                 source slab digested converted beside it (both kept by the thread), and then
+                                 what the source's reader keeps a thread (ckpt_reader_read_thread_bytes) */
     int64_t memory_limit;
     const char *device;       /* "cpu" or "cuda" */
     const char *device_reason; /* why --device auto chose it; NULL when the options named the device */

@@ -315,6 +315,60 @@ Test(reshard, read_back_sized_by_the_output)
     for (int i = 0; i < 2; i++) free(tensors[i].logical);
 }
 
+/* A converted tensor's verify reads its source slab by slab
+ * (converted_digest): from another tool's checkpoint, through the buffers
+ * its reader keeps a thread (ckpt_reader_read_thread_bytes: the bounce
+ * buffer of its boxes and the rows of a box stored transposed), beside the
+ * output's piece and the converted slab. The plan counts them in
+ * read_back_bytes; left out (2026-12-01, third review), --verify --dtype
+ * of a DCP source ran more threads than the limit held. */
+Test(reshard, read_back_counts_a_foreign_source_read)
+{
+    enum { ROWS = 64, COLS = 48 };
+    char path[700];
+    snprintf(path, sizeof path, "%s/__0_0.distcp", dir);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    static float values[ROWS * COLS]; /* stored transposed: column c, row r at c * ROWS + r */
+    for (int c = 0; c < COLS; c++)
+        for (int r = 0; r < ROWS; r++) values[c * ROWS + r] = (float)(r * COLS + c) / 4096.0f;
+    cr_assert_eq(fwrite(values, sizeof values, 1, f), 1);
+    cr_assert_eq(fclose(f), 0);
+    ckpt_tensor_desc t = {.name = "model/w", .dtype = TP_FP32, .ndim = 2, .shape = {ROWS, COLS},
+                          .anchor = CKPT_ANCHOR_FIRST, .role = "param"};
+    ckpt_foreign_box box = {.file = 0, .count = {ROWS, COLS}, .permuted = 1, .order = {1, 0}};
+    int64_t box_first[2] = {0, 1}, bytes = sizeof values;
+    const char *files[1] = {path};
+    ckpt_foreign src = {.path = dir, .layout = {1, 1, 1, 1, 1}, .num_tensors = 1, .tensors = &t, .num_files = 1,
+                        .files = files, .file_bytes = &bytes, .boxes = &box, .box_first = box_first};
+    ckpt_reader *r, *out;
+    cr_assert_eq(ckpt_reader_open_foreign(&r, &src, 1), TP_OK, "%s", tp_errmsg());
+    int64_t reading = ckpt_reader_read_thread_bytes(r);
+    cr_assert(reading > 0, "a foreign source's reads keep buffers: %lld", (long long)reading);
+    reshard_options options;
+    reshard_options_init(&options);
+    options.tp = 2;
+    options.param_dtype = TP_BF16;
+    options.device = RESHARD_DEVICE_CPU;
+    reshard_plan *plan;
+    cr_assert_eq(reshard_plan_create(&plan, r, &options), TP_OK, "%s", tp_errmsg());
+    int64_t planned = reshard_plan_summary(plan)->read_back_bytes;
+    char out_path[700];
+    snprintf(out_path, sizeof out_path, "%s/out_foreign", dir);
+    cr_assert_eq(reshard_execute(plan, out_path), TP_OK, "%s", tp_errmsg());
+    reshard_plan_free(plan);
+    cr_assert_eq(ckpt_reader_open(&out, out_path, NULL), TP_OK, "%s", tp_errmsg());
+    reshard_verify_result result;
+    cr_assert_eq(reshard_verify(r, out, 1, &result), TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(result.mismatches, 0, "verify: %s", result.first_mismatch);
+    /* The output's piece, the source's slab and the same in bf16, the source's read buffers. */
+    int64_t least = ckpt_reader_verify_thread_bytes(out) + ROWS * COLS * (4 + 2) + reading;
+    cr_assert(planned >= least, "planned %lld for the read-back, at least %lld needed (%lld of the source's reads)",
+              (long long)planned, (long long)least, (long long)reading);
+    ckpt_reader_close(out);
+    ckpt_reader_close(r);
+}
+
 /* The allowance beside the buffers is the measured one (ckpt.h,
  * docs/BENCHMARKS.md): a plain reader or writer's thread fits in what the
  * process holds, 8 MiB and 4 MiB a thread beside its buffers; a zstd
