@@ -1112,8 +1112,11 @@ static int read_permuted_rows(const piece_ctx *c, int64_t k, const int64_t *lo, 
     if (rows > b->count[0]) rows = b->count[0];
     if (n[0] > rows) return read_permuted_box(c, b, lo, n, dst, at, elem);
     char *data = scratch_buffer(SCRATCH_PERMUTED, (size_t)(rows * row_bytes));
-    if (!data) return tp_fail(TP_ERR_NOMEM, "out of memory for %lld bytes of rows", (long long)(rows * row_bytes));
     permuted_rows *kept = &kept_rows;
+    if (!data) { /* the buffer they were in is freed: a later one at its address holds none of them */
+        kept->data = NULL;
+        return tp_fail(TP_ERR_NOMEM, "out of memory for %lld bytes of rows", (long long)(rows * row_bytes));
+    }
     if (kept->data != data || kept->reader != c->r->serial || kept->tensor != c->tensor || kept->piece != c->piece ||
         kept->box != k || lo[0] < kept->row0 || lo[0] + n[0] > kept->row1) {
         kept->data = NULL;
