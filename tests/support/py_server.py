@@ -169,6 +169,17 @@ def receive_request(conn):
     return bytes(body).split(b"\0"), list(fds)
 
 
+def answer(conn, line):
+    """line sent to a client; False when the client is gone (a command
+    killed before its answer came: the pipe is broken), which must not end
+    the server that every test's commands share."""
+    try:
+        conn.sendall(line)
+        return True
+    except OSError:
+        return False
+
+
 def print_traceback(e):
     """The traceback of e from the command's own frames on (this server's
     and runpy's left out), as a fresh interpreter prints it."""
@@ -291,7 +302,10 @@ def main():
                 except BlockingIOError:
                     pass
             elif conn is listener:
-                client, _ = listener.accept()
+                try:
+                    client, _ = listener.accept()
+                except OSError:  # a client gone before it was accepted
+                    continue
                 try:
                     fields, fds = receive_request(client)
                     cwd, argc = fields[0].decode(), int(fields[1])
@@ -302,7 +316,7 @@ def main():
                     client.close()
                     continue
                 if load_time_environment(env) != mine or len(fds) != 3:
-                    client.sendall(b"fallback\n")
+                    answer(client, b"fallback\n")
                     client.close()
                     for fd in fds:
                         os.close(fd)
@@ -316,7 +330,16 @@ def main():
                 # server's pages (PyTorch's among them) into the child, each
                 # copy a page fault (test_dcp: an eighth of its processor time).
                 gc.freeze()
-                pid = os.fork()
+                try:
+                    pid = os.fork()
+                except OSError:  # no process to be had now: the client runs a fresh interpreter
+                    pid = None
+                if pid is None:
+                    answer(client, b"fallback\n")
+                    client.close()
+                    for fd in fds:
+                        os.close(fd)
+                    continue
                 if pid == 0:
                     signal.set_wakeup_fd(-1)
                     for own in [listener, wake_read, wake_write, client] + list(running):
@@ -325,7 +348,8 @@ def main():
                 for fd in fds:
                     os.close(fd)
                 running[client] = pid
-                client.sendall(b"pid %d\n" % pid)
+                if not answer(client, b"pid %d\n" % pid):  # its client is gone: so is the command
+                    os.kill(pid, signal.SIGKILL)
             else:
                 try:
                     data = conn.recv(256)
@@ -352,10 +376,7 @@ def main():
             if done:
                 reply = b"signal %d\n" % os.WTERMSIG(status) if os.WIFSIGNALED(status) else \
                     b"exit %d\n" % os.waitstatus_to_exitcode(status)
-                try:
-                    conn.sendall(reply)
-                except OSError:
-                    pass
+                answer(conn, reply)
                 conn.close()
                 del running[conn]
         if running:
