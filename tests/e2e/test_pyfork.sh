@@ -34,26 +34,45 @@ server_pid() { own "$PYFORK" -c 'import os; print(os.getppid())'; }
 first=$(server_pid)
 check_all "a server answers (pid $first)" '[ -n "$first" ] && [ "$first" != "$$" ]'
 
-# A raw client: its request (-c CODE, and one environment entry), then gone
-# at once, before the server's answer.
-cat >"$WORK/gone.py" <<'EOF'
+# A raw client (client.py SOCK CODE MODE [NAME=VALUE]): its request (-c
+# CODE, the environment with NAME=VALUE put in), then, by MODE: "gone",
+# away at once, before the server's answer; "badkill", after the "pid"
+# answer a signal that is none and then SIGTERM, printing the last answer.
+cat >"$WORK/client.py" <<'EOF'
 import array, os, socket, sys
-sock, code, entry = sys.argv[1:4]
+sock, code, mode = sys.argv[1:4]
+env = dict(os.environ)
+for entry in sys.argv[4:]:
+    env.update([entry.split("=", 1)])
 s = socket.socket(socket.AF_UNIX)
 s.connect(sock)
-body = b"\0".join([os.getcwd().encode(), b"2", b"-c", code.encode(), entry.encode()])
+fields = [os.getcwd(), "2", "-c", code] + ["%s=%s" % kv for kv in env.items()]
+body = b"\0".join(f.encode() for f in fields)
 s.sendmsg([len(body).to_bytes(4, "little") + body],
           [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
+if mode == "badkill":
+    f = s.makefile("rb")
+    first = f.readline()
+    if not first.startswith(b"pid "):
+        sys.exit("answered %r, not a pid" % first)
+    s.sendall(b"kill 999\nkill x\n")
+    s.sendall(b"kill 15\n")
+    print(f.readline().decode().strip())
 s.close()
 EOF
-# One to be answered "fallback" (a load-time variable of its own), one to be
-# forked (its "pid" answer finds no one), ten of each.
+# Ten to be answered "fallback" (a load-time variable of their own), ten to
+# be forked (their "pid" answer finds no one).
 i=0
 while [ $i -lt 10 ]; do
-    "$REAL" "$WORK/gone.py" "$OWN/sock" "pass" "OPENBLAS_CORETYPE=Nonsense"
-    "$REAL" "$WORK/gone.py" "$OWN/sock" "import time; time.sleep(30)" "PATH=/usr/bin:/bin"
+    "$REAL" "$WORK/client.py" "$OWN/sock" "pass" gone "OPENBLAS_CORETYPE=Nonsense"
+    "$REAL" "$WORK/client.py" "$OWN/sock" "import time; time.sleep(30)" gone
     i=$((i + 1))
 done
+# A client that asks for a signal that is none: the server stays, and a
+# real one after it still reaches the command.
+answer=$(timeout 20 "$REAL" "$WORK/client.py" "$OWN/sock" "import time; time.sleep(30)" badkill)
+check "signals that are none are ignored, a real one after them ends the command (got '$answer')" \
+    [ "$answer" = "signal 15" ]
 # A command whose client is killed while another's runs: the other ends as it ended.
 "$WORK/own" "$PYFORK" -c 'import sys, time; time.sleep(1); sys.exit(7)' &
 kept=$!

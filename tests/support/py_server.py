@@ -365,7 +365,7 @@ def main():
                     if line.startswith("kill "):
                         try:
                             os.kill(running[conn], int(line[5:]))
-                        except (ProcessLookupError, ValueError):
+                        except (OSError, ValueError):  # gone, or not a signal: the server stays
                             pass
         # Commands that ended: their status to their client.
         for conn, pid in list(running.items()):
