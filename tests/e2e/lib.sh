@@ -79,11 +79,31 @@ expect_error() {
     what=$1 code=$2 pattern=$3
     shift 3
     run "$@"
-    lines=$(wc -l <"$WORK/.err")
+    error_verdict "$WORK/.err" ""
+}
+
+# error_verdict ERR BESIDES: expect_error's verdict on RC and the stderr
+# lines in ERR (what, code and pattern as its caller set them).
+error_verdict() {
+    lines=$(wc -l <"$1")
     if [ "$RC" -ne "$code" ]; then failed "$what: exit $RC, expected $code"
-    elif [ "$lines" -ne 1 ]; then failed "$what: $lines lines on stderr, expected one"
-    elif ! grep -Eq -- "$pattern" "$WORK/.err"; then failed "$what: stderr does not match /$pattern/"
+    elif [ "$lines" -ne 1 ]; then failed "$what: $lines lines on stderr$2, expected one"
+    elif ! grep -Eq -- "$pattern" "$1"; then failed "$what: stderr does not match /$pattern/"
     else pass; fi
+}
+
+# expect_error_retried "what" CODE PATTERN CMD...: expect_error where the
+# command's requests may be retried, each retry said on a warning line of
+# its own ("warning: GET URL: HTTP 500; retry 1 of 6 in 0.1 s"): those lines
+# are set aside, the rest must be the one error line. For a command racing
+# another's writes in s3rver, which rewrites an object in place (a GET in
+# the middle is answered 500), where S3 replaces it whole.
+expect_error_retried() {
+    what=$1 code=$2 pattern=$3
+    shift 3
+    run "$@"
+    grep -Ev '^[a-z-]+: warning: [A-Z]+ [^ ]+: .*; retry [0-9]+ of [0-9]+ in ' "$WORK/.err" >"$WORK/.err-unretried"
+    error_verdict "$WORK/.err-unretried" " besides retries"
 }
 
 # check "what" CONDITION...: a shell test.
