@@ -1,9 +1,8 @@
 #!/bin/sh
 # The Python server that every test's python3 commands are forked from
 # (tests/support/py_server.py, client tests/tools/pyfork.c) outlives
-# clients that go away: a command killed before its answer came (a test's
-# time limit, a signal sent to a check) broke the pipe of the server's
-# reply, the server died of it, and the commands other tests were running
+# clients that go away: a client gone before its answer came broke the
+# pipe of the server's reply, the server died of it, and the commands other tests were running
 # through it failed with "the Python server went away" (three tests of one
 # `make asan`). Here a server of the test's own is sent such clients, and
 # must still be the one that answers afterwards, with the commands of its
@@ -18,8 +17,8 @@ if [ ! -x "$PYFORK" ]; then
 fi
 OWN="$WORK/server"
 mkdir "$OWN"
-# own CMD...: CMD with this test's server (its socket in $OWN). A script
-# that execs, not a function, so that `own CMD &` leaves in $! the client
+# $WORK/own CMD...: CMD with this test's server (its socket in $OWN). A script
+# that execs, not a function, so that `$WORK/own CMD &` leaves in $! the client
 # itself, not a subshell whose kill would leave the client running.
 cat >"$WORK/own" <<EOF
 #!/bin/sh
@@ -27,9 +26,8 @@ exec env TP_PYFORK_DIR="$OWN" TP_PYFORK_OWNER=$$ TP_PYFORK_SERVER="$ROOT/tests/s
     TP_PYFORK_PYTHON="$REAL" "\$@"
 EOF
 chmod +x "$WORK/own"
-own() { "$WORK/own" "$@"; }
 # server_pid: the pid of the server, the parent of a command it forked.
-server_pid() { own "$PYFORK" -c 'import os; print(os.getppid())'; }
+server_pid() { "$WORK/own" "$PYFORK" -c 'import os; print(os.getppid())'; }
 
 first=$(server_pid)
 check_all "a server answers (pid $first)" '[ -n "$first" ] && [ "$first" != "$$" ]'

@@ -180,6 +180,15 @@ def answer(conn, line):
         return False
 
 
+def fallback(conn, fds):
+    """The client told to run a fresh interpreter; its connection and the
+    descriptors it passed closed."""
+    answer(conn, b"fallback\n")
+    conn.close()
+    for fd in fds:
+        os.close(fd)
+
+
 def print_traceback(e):
     """The traceback of e from the command's own frames on (this server's
     and runpy's left out), as a fresh interpreter prints it."""
@@ -316,10 +325,7 @@ def main():
                     client.close()
                     continue
                 if load_time_environment(env) != mine or len(fds) != 3:
-                    answer(client, b"fallback\n")
-                    client.close()
-                    for fd in fds:
-                        os.close(fd)
+                    fallback(client, fds)
                     continue
                 if "torch" not in sys.modules and names_torch(argv, fds[0]):
                     preload(PRELOAD_TORCH)
@@ -335,10 +341,7 @@ def main():
                 except OSError:  # no process to be had now: the client runs a fresh interpreter
                     pid = None
                 if pid is None:
-                    answer(client, b"fallback\n")
-                    client.close()
-                    for fd in fds:
-                        os.close(fd)
+                    fallback(client, fds)
                     continue
                 if pid == 0:
                     signal.set_wakeup_fd(-1)
