@@ -1,10 +1,12 @@
-/* lease.c: the renewal thread and the holder's description that the run
- * directory's lease and an upload's claim share (lease.h). */
+/* lease.c: what the run directory's lease and an upload's claim share
+ * (lease.h): the renewal thread, the holder's description, and the read of
+ * a claim object its holder may be rewriting. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/clock.h"
 #include "../common/error.h"
 #include "../common/parse.h"
 #include "../store/staging.h"
@@ -26,6 +28,16 @@ int ckpt_lease_period(const char *name, double fallback, double min, double max,
     *out = parse_env_seconds(name, fallback, min, max);
     if (*out < 0) return tp_fail(TP_ERR_ARG, "%s=%s: expected seconds in %.0f..%.0f", name, getenv(name), min, max);
     return TP_OK;
+}
+
+int ckpt_lease_read_settled(ckpt_lease_read_fn read, const char *path, int *found, void *record)
+{
+    int status = read(path, found, record);
+    for (int attempt = 1; status == TP_ERR_FORMAT && attempt < 8 && !store_stopping(); attempt++) {
+        sleep_seconds(0.02 * attempt);
+        status = read(path, found, record);
+    }
+    return status;
 }
 
 void ckpt_lease_renewer_init(ckpt_lease_renewer *r, double period, ckpt_lease_renew_fn renew, void *ctx)

@@ -162,10 +162,11 @@ int ckpt_read_json_if_present(const char *path, int64_t max_bytes, int *found, c
     return status;
 }
 
-/* Reads the lease: TP_OK with *found 0 when there is none. A lease that
- * cannot be parsed is an error naming it: it is never taken as free. */
-static int read_lease(const char *url, int *found, lease *out)
+/* Reads the lease once: TP_OK with *found 0 when there is none. A lease
+ * that cannot be parsed is an error naming it: it is never taken as free. */
+static int read_lease_once(const char *url, int *found, void *record)
 {
+    lease *out = record;
     memset(out, 0, sizeof *out);
     *found = 0;
     cJSON *json = NULL;
@@ -197,6 +198,13 @@ static int read_lease(const char *url, int *found, lease *out)
     cJSON_Delete(json);
     *found = 1;
     return TP_OK;
+}
+
+/* Reads the lease, which its holder may be rewriting (renewals; a writer's
+ * share): read again while torn (ckpt_lease_read_settled). */
+static int read_lease(const char *url, int *found, lease *out)
+{
+    return ckpt_lease_read_settled(read_lease_once, url, found, out);
 }
 
 static int write_lease(const ckpt_run_claim *claim, int64_t renewals)

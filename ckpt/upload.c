@@ -150,8 +150,9 @@ static int write_claim(upload_claim *c)
 
 /* Reads the claim at path: TP_OK with *found 0 when there is none. One that
  * cannot be read as a claim is an error naming it: never taken as absent. */
-static int read_claim(const char *path, int *found, claim_record *out)
+static int read_claim(const char *path, int *found, void *record)
 {
+    claim_record *out = record;
     memset(out, 0, sizeof *out);
     *found = 0;
     cJSON *json = NULL;
@@ -197,20 +198,11 @@ static int read_claim(const char *path, int *found, claim_record *out)
 }
 
 /* read_claim of another writer's claim, which that writer may be rewriting
- * (choosing, then chosen; renewals): a server that writes an object in
- * place (s3rver truncates the file and writes it again; many WebDAV
- * servers alike) can serve it torn, short of its length or half old, half
- * new. Read again a few times (about a second in all) before it is an
- * error: a torn read failed the loser of two uploads with "not an upload's
- * claim" instead of naming the winner. */
+ * (choosing, then chosen; renewals), read again while torn
+ * (ckpt_lease_read_settled). */
 static int read_claim_settled(const char *path, int *found, claim_record *out)
 {
-    int status = read_claim(path, found, out);
-    for (int attempt = 1; status && attempt < 8 && !store_stopping(); attempt++) {
-        sleep_seconds(0.02 * attempt);
-        status = read_claim(path, found, out);
-    }
-    return status;
+    return ckpt_lease_read_settled(read_claim, path, found, out);
 }
 
 /* Whether a claim's writer is provably gone: a process of this machine that
