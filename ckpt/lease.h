@@ -25,16 +25,19 @@ void ckpt_lease_describe_holder(const char *program, char *out, size_t out_size)
  * fallback, within [min, max]); TP_ERR_ARG naming the variable otherwise. */
 int ckpt_lease_period(const char *name, double fallback, double min, double max, double *out);
 
-/* Reads a claim object another holder may be rewriting: read(path, found,
- * record) is tried again a few times (about half a second in all) while it
- * fails with TP_ERR_FORMAT, then its error stands. A PUT to S3 replaces an
- * object whole, but a server that rewrites one in place (s3rver truncates
- * the file and writes it again; many WebDAV servers alike) can serve it
- * torn, short of its length or half old, half new, during a renewal: that
- * failed the loser of two uploads with "not an upload's claim", and a
- * trainer beside a live writer with "not a JSON object", each instead of
- * naming the holder. A store's own failures are not tried again here: the
- * store has retried them already. */
+/* Reads a claim object another holder may be rewriting or releasing:
+ * read(path, found, record) is tried again a few times (about half a second
+ * in all) while it fails as an object changing under the read would, then
+ * its error stands. Torn (TP_ERR_FORMAT): a PUT to S3 replaces an object
+ * whole, but a server that rewrites one in place (s3rver truncates the file
+ * and writes it again; many WebDAV servers alike) can serve it short of its
+ * length or half old, half new, during a renewal: that failed the loser of
+ * two uploads with "not an upload's claim", and a trainer beside a live
+ * writer with "not a JSON object", each instead of naming the holder.
+ * Renewed between the read's HEAD and its GET (TP_ERR_CHECKSUM, S3's 412),
+ * or released between them (TP_ERR_NOT_FOUND): read again, it is the new
+ * one, or none. A store's own failures are not tried again here: the store
+ * has retried them already. */
 typedef int (*ckpt_lease_read_fn)(const char *path, int *found, void *record);
 int ckpt_lease_read_settled(ckpt_lease_read_fn read, const char *path, int *found, void *record);
 

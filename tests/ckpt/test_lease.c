@@ -1,7 +1,9 @@
 /* What a run directory's lease and an upload's claim share (ckpt/lease.c):
- * a claim object read while its holder rewrites it is read again while it
- * is torn (TP_ERR_FORMAT), a bounded number of times, and a store's own
- * failure is not read again. */
+ * a claim object read while its holder rewrites or releases it is read
+ * again while it fails as one changing under the read (torn, TP_ERR_FORMAT;
+ * renewed between HEAD and GET, TP_ERR_CHECKSUM; released between them,
+ * TP_ERR_NOT_FOUND), a bounded number of times; a store's own failure is
+ * not read again. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -39,6 +41,20 @@ Test(lease, torn_reads_are_read_again_until_whole) {
                "three torn reads, then the whole one: %d reads", reader.calls);
   cr_assert(found);
   cr_assert_str_eq(record, "whole");
+}
+
+Test(lease, renewed_or_released_under_the_read_is_read_again) {
+  int changes[] = {TP_ERR_CHECKSUM, TP_ERR_NOT_FOUND};
+  for (int i = 0; i < 2; i++) {
+    char record[16] = "";
+    int found = 0;
+    script(1, changes[i]);
+    cr_assert_eq(ckpt_lease_read_settled(
+                     scripted_read, "s3://b/tp-upload-claim.x", &found, record),
+                 TP_OK, "status %d: %s", changes[i], tp_errmsg());
+    cr_assert_eq(reader.calls, 2, "status %d: read again once: %d reads",
+                 changes[i], reader.calls);
+  }
 }
 
 Test(lease, a_claim_torn_for_ever_is_an_error_after_a_bounded_number_of_reads) {
