@@ -74,8 +74,9 @@ static int is_being_written(const store_ops *storage, const char *path)
 }
 
 /* The checkpoint `latest` in run_dir names, when it is a committed one
- * (*found 1). A `latest` that is missing, damaged (too long, NUL bytes) or
- * names something else than a committed entry of run_dir is no pointer
+ * (*found 1). A `latest` that is missing, damaged (too long, NUL bytes),
+ * replaced while read or names something else than a committed entry of
+ * run_dir is no pointer
  * (*found 0); a store that cannot be asked fails. */
 static int latest_checkpoint(const store_ops *storage, const char *run_dir, char *out, int *found)
 {
@@ -87,8 +88,10 @@ static int latest_checkpoint(const store_ops *storage, const char *run_dir, char
     TP_TRY(store_exists(storage, latest_path, &exists));
     if (!exists) return TP_OK;
     int status = store_read_text(storage, latest_path, CKPT_PATH_MAX, &latest, NULL);
-    /* Removed meanwhile, or damaged: no pointer. */
-    if (status == TP_ERR_NOT_FOUND || status == TP_ERR_FORMAT) return TP_OK;
+    /* Removed meanwhile, damaged, or replaced while it was read (an object
+     * store's 412 to If-Match, as a committer moves it): no pointer, so the
+     * newest committed step is taken, which a mover names once it is done. */
+    if (status == TP_ERR_NOT_FOUND || status == TP_ERR_FORMAT || status == TP_ERR_CHECKSUM) return TP_OK;
     TP_TRY(status);
     latest[strcspn(latest, "\r\n")] = '\0';
     if (latest[0] && !strchr(latest, '/') && strcmp(latest, "..") != 0 && strcmp(latest, ".") != 0 &&

@@ -873,13 +873,16 @@ int ckpt_upload_latest(const char *checkpoint_url)
      * older step's name there, a resume took it, and "copied" was said. A
      * newer step's name is another writer's, come meanwhile (it stays, as
      * above); an older one is read again for a moment (a store slow to show
-     * an overwrite) before the upload fails. */
+     * an overwrite) before the upload fails. A read that meets it changing
+     * (torn by a server rewriting it in place, or replaced between its HEAD
+     * and its GET by another writer's move) is read again likewise. */
     char kept[CKPT_NAME_MAX + 2] = "";
     for (int attempt = 0; attempt < LATEST_READ_BACKS; attempt++) {
         if (attempt) sleep_seconds(0.25);
         char *seen = NULL;
         status = store_read_text_file(path, CKPT_NAME_MAX + 2, &seen, NULL);
-        if (status && status != TP_ERR_NOT_FOUND)
+        int changing = status == TP_ERR_FORMAT || status == TP_ERR_CHECKSUM;
+        if ((status && status != TP_ERR_NOT_FOUND && !changing) || (changing && attempt == LATEST_READ_BACKS - 1))
             return tp_fail_context(status, "%s: reading the run's latest back", checkpoint_url);
         snprintf(kept, sizeof kept, "%s", seen ? seen : "");
         free(seen);

@@ -6,7 +6,9 @@
  * out: a resume then took an older checkpoint for the newest and overwrote
  * the newest with its next save; `latest` was moved back; a replacement
  * took the output for absent. The store here is the POSIX one with stat
- * failing for paths that end as `failing` says. */
+ * failing for paths that end as `failing` says, and open failing as an
+ * object replaced while read for those that end as `replaced` says (a
+ * `latest` moved while it is read is no pointer, not a failure). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,12 +35,24 @@ static int eio_stat(const store_ops *s, const char *path, store_stat *out)
     return store_posix()->stat(store_posix(), path, out);
 }
 
+static const char *replaced; /* a path suffix whose open fails as a file replaced while read; NULL: none */
+
+static int replaced_open(const store_ops *s, const char *path, store_open_mode mode, store_file **out)
+{
+    (void)s;
+    size_t n = strlen(path), k = replaced ? strlen(replaced) : 0;
+    if (replaced && n >= k && strcmp(path + n - k, replaced) == 0)
+        return tp_fail(TP_ERR_CHECKSUM, "%s changed while it was being read (ETag \"1\", now \"2\")", path);
+    return store_posix()->open(store_posix(), path, mode, out);
+}
+
 static const store_ops *eio_store(void)
 {
     static store_ops store;
     store = *store_posix();
     store.name = "eio";
     store.stat = eio_stat;
+    store.open = replaced_open;
     return &store;
 }
 
@@ -62,6 +76,7 @@ static void make_run(void)
         cr_assert_eq(ckpt_writer_commit(w, &state), TP_OK, "%s", tp_errmsg());
     }
     failing = NULL;
+    replaced = NULL;
     failed_stats = 0;
 }
 
@@ -138,6 +153,21 @@ Test(unanswered, a_failing_stat_of_latest_stops_too)
     int count = 0;
     cr_assert_eq(ckpt_candidates_in(eio_store(), run, &list, &count), TP_ERR_IO);
     free(list);
+}
+
+Test(unanswered, latest_replaced_while_read_is_no_pointer)
+{
+    /* A committer moving `latest` while it is read (S3's 412 to If-Match):
+     * the newest committed step, not an error, nor an older step. */
+    make_run();
+    replaced = "run/latest";
+    char resolved[CKPT_PATH_MAX] = "";
+    cr_assert_eq(ckpt_resolve_in(eio_store(), run, resolved), TP_OK, "%s", tp_errmsg());
+    cr_assert(strstr(resolved, "step_00000020"), "%s", resolved);
+    /* A committer of an older step compares with it, and leaves `latest`. */
+    cr_assert_eq(ckpt_latest_update(eio_store(), run, "step_00000012", 12), TP_OK, "%s", tp_errmsg());
+    replaced = NULL;
+    latest_is("step_00000020");
 }
 
 Test(unanswered, a_failing_stat_of_an_older_index_stops_the_listing)

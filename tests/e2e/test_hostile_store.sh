@@ -46,8 +46,9 @@
 # character, '&', '+', a space or UTF-8 are listed whole (encoding-type=url;
 # numeric references); keys outside the prefix asked for, and WebDAV hrefs
 # outside the collection, are refused, never cut into names.
-# A run's lease and a writer's lease served torn (a server rewriting them
-# in place) are read again, not taken as damaged.
+# A run's lease, a writer's lease and the `latest` a writer moved, served
+# torn (a server rewriting them in place), are read again, not taken as
+# damaged.
 # Each ends in one error naming the URL, in bounded time; a throttling
 # store is waited out, saying so, for TP_REMOTE_THROTTLE_SECONDS in all.
 # tier: full
@@ -513,12 +514,14 @@ check_all "a WebDAV listing in UTF-16: refused as an encoding not supported, nam
     '[ $RC -eq 1 ] && grep -q "$U/run: the server.s listing is in UTF-16 (it begins with a byte-order mark), an encoding not supported" "$WORK/.err" &&
      ! grep -q malformed "$WORK/.err"'
 
-# Claim objects read torn: a server that rewrites an object in place
-# (s3rver) serves one read during its holder's renewal short. A trainer
-# meeting a stale run lease and a stale writer's lease of another machine,
-# each served torn at its first read, reads them again, waits them out and
-# trains; it failed on "not a JSON object" naming the lease (make test met
-# it beside s3rver), where the lease's holder is to be named or waited out.
+# Objects read torn while rewritten: a server that rewrites an object in
+# place (s3rver) serves one read during its holder's renewal short. A
+# trainer meeting a stale run lease and a stale writer's lease of another
+# machine, each served torn at its first read, reads them again, waits them
+# out and trains; it failed on "not a JSON object" naming the lease (make
+# test met it beside s3rver), where the lease's holder is to be named or
+# waited out. Its read-back of the `latest` it moved, torn, is read again
+# too (it failed the upload).
 mkdir -p "$WORK/root/claims/.tp-run.writers"
 far_lease() {
     printf '{"owner":"%s","holder":"tp-reshard (pid 10 on host far-away, since 2026-01-01T00:00:00Z)",' "$1"
@@ -526,12 +529,13 @@ far_lease() {
 }
 far_lease far-1-0 >"$WORK/root/claims/.tp-run.lease"
 far_lease far-2-0 >"$WORK/root/claims/.tp-run.writers/far-2-0"
-serve torn-claims --s3
+serve torn-rewrites --s3
 run env AWS_ENDPOINT_URL="$U" AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test TP_RUN_LEASE_SECONDS=2 timeout 120 \
     "$BIN/tp-train" --model tiny --quiet --steps 2 --ckpt-every 2 --ckpt-dir s3://bkt/claims --ckpt-cache "$WORK/claims-cache"
 check_all "a trainer meeting stale leases served torn: reads them again, waits them out and trains (exit $RC)" \
-    '[ $RC -eq 0 ] && grep -q "fault: torn-claims GET 1 of .tp-run.lease" "$WORK/server.err" &&
-     grep -q "fault: torn-claims GET 1 of far-2-0" "$WORK/server.err" &&
+    '[ $RC -eq 0 ] && grep -q "fault: torn-rewrites GET 1 of .tp-run.lease" "$WORK/server.err" &&
+     grep -q "fault: torn-rewrites GET 1 of far-2-0" "$WORK/server.err" &&
+     grep -q "fault: torn-rewrites GET 1 of latest" "$WORK/server.err" &&
      [ "$(cat "$WORK/root/claims/latest")" = step_00000002 ]'
 check "the stale leases removed, and the trainer's own gone" \
     sh -c "[ ! -e '$WORK/root/claims/.tp-run.writers/far-2-0' ] && [ ! -e '$WORK/root/claims/.tp-run.lease' ]"

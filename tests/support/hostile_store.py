@@ -49,11 +49,12 @@ misbehaves as --mode says:
                 later GET of an index.json is 404 (a --force upload removes it
                 first) and every shard is another version (other bytes,
                 another ETag), as another writer's --force leaves them
-  torn-claims   every other GET of a claim object (a run directory's
-                .tp-run.lease or .tp-run.writers/*, an upload's
-                tp-upload-claim.*) is answered 200 with the first half of
-                its bytes, as a server rewriting it in place (s3rver) serves
-                one read mid-renewal; each torn answer is said on stderr
+  torn-rewrites every other GET of an object its writers rewrite (a run
+                directory's latest, .tp-run.lease or .tp-run.writers/*, an
+                upload's tp-upload-claim.*) is answered with the first half
+                of its bytes, as a server rewriting it in place (s3rver)
+                serves one read mid-renewal; each torn answer is said on
+                stderr
 
 With --s3 it also takes writes, as S3 does: PUT and DELETE of objects (files
 under --root), and multipart uploads (POST ?uploads, PUT ?partNumber&uploadId,
@@ -141,7 +142,7 @@ REQUESTS = [0]
 THROTTLED_FROM = [None]  # when the first request to throttle came (slowdown modes)
 UPLOADS = {}  # S3 multipart uploads under way: upload id -> {"key": path, "parts": {number: bytes}, "initiated": time}
 WRITTEN = {}  # path -> the ETag of the object a PUT or a completion made (S3's: an MD5, "MD5-PARTS" of a multipart)
-GETS = {}  # path -> GETs of it (torn-claims)
+GETS = {}  # path -> GETs of it (torn-rewrites)
 FAULTED = set()  # (upload id, what) of faults done once (part-500, part-drop, complete-error)
 S3_PART_MIN = 5 << 20  # S3's smallest part but the last
 
@@ -163,10 +164,10 @@ def xml_escape(text):
     return "".join(out)
 
 
-def is_claim(path):
-    """Whether path is a claim object: a run directory's lease, a writer's in it, an upload's."""
+def is_rewritten(path):
+    """Whether path is an object its writers rewrite: a run directory's latest or lease, a writer's lease in it, an upload's claim."""
     name = os.path.basename(path)
-    return (name == ".tp-run.lease" or os.path.basename(os.path.dirname(path)) == ".tp-run.writers"
+    return (name in ("latest", ".tp-run.lease") or os.path.basename(os.path.dirname(path)) == ".tp-run.writers"
             or name.startswith("tp-upload-claim."))
 
 
@@ -450,12 +451,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         want = self.headers.get("If-Match")
         if ARGS.mode in ("change", "replaced") and want and want != etag:
             return self.send(412, b"<Error><Code>PreconditionFailed</Code></Error>")
-        if ARGS.mode == "torn-claims" and self.command == "GET" and is_claim(path):
+        if ARGS.mode == "torn-rewrites" and self.command == "GET" and is_rewritten(path):
             with LOCK:
                 GETS[path] = GETS.get(path, 0) + 1
                 torn = GETS[path] % 2 == 1
             if torn:
-                sys.stderr.write("fault: torn-claims GET %d of %s\n" % (GETS[path], os.path.basename(path)))
+                sys.stderr.write("fault: torn-rewrites GET %d of %s\n" % (GETS[path], os.path.basename(path)))
                 sys.stderr.flush()
                 # The object as a reader meets it mid-rewrite: half its
                 # length, ranges answered against that length.
