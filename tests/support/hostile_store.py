@@ -451,35 +451,25 @@ class Handler(http.server.BaseHTTPRequestHandler):
         want = self.headers.get("If-Match")
         if ARGS.mode in ("change", "replaced") and want and want != etag:
             return self.send(412, b"<Error><Code>PreconditionFailed</Code></Error>")
+        torn = None  # the object as a reader meets it mid-rewrite (torn-rewrites): half its bytes
         if ARGS.mode == "torn-rewrites" and self.command == "GET" and is_rewritten(path):
             with LOCK:
                 GETS[path] = GETS.get(path, 0) + 1
-                torn = GETS[path] % 2 == 1
-            if torn:
-                sys.stderr.write("fault: torn-rewrites GET %d of %s\n" % (GETS[path], os.path.basename(path)))
+                count = GETS[path]
+            if count % 2 == 1:
+                sys.stderr.write("fault: torn-rewrites GET %d of %s\n" % (count, os.path.basename(path)))
                 sys.stderr.flush()
-                # The object as a reader meets it mid-rewrite: half its
-                # length, ranges answered against that length.
-                data = content(path, version)
-                data = data[:len(data) // 2]
-                rng = self.headers.get("Range")
-                if not rng:
-                    return self.send(200, data, [("ETag", etag)])
-                first, last = (int(v) for v in rng.split("=")[1].split("-"))
-                if first >= len(data):
-                    return self.send(416, b"")
-                last = min(last, len(data) - 1)
-                return self.send(206, data[first:last + 1], [
-                    ("ETag", etag), ("Content-Range", "bytes %d-%d/%d" % (first, last, len(data)))])
+                torn = content(path, version)
+                torn = torn[:len(torn) // 2]
         rng = self.headers.get("Range")
         if ARGS.mode == "no-range" and shard:
             rng = None
         if not rng:
-            data = content(path, version)
+            data = content(path, version) if torn is None else torn
             if ARGS.mode == "trickle" and path.endswith("index.json") and self.command == "GET":
                 return self.trickle(data, etag)
             return self.send(200, data, [("ETag", etag)])
-        size = os.path.getsize(path)
+        size = os.path.getsize(path) if torn is None else len(torn)
         first, last = rng.split("=")[1].split("-")
         first, last = int(first), min(int(last), size - 1)
         if first >= size:
@@ -489,7 +479,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if ARGS.mode in ("change", "change-quiet") and shard:
             with LOCK:
                 VERSIONS[path] = VERSIONS.get(path, 0) + 1
-        body = content(path, version, first, last)
+        body = content(path, version, first, last) if torn is None else torn[first:last + 1]
         headers = [("ETag", etag), ("Content-Range", "bytes %d-%d/%d" % (first, last, size))]
         if ARGS.mode == "short-body" and shard and len(body) > 7:
             return self.send(206, body[:-7], headers)
