@@ -10,6 +10,7 @@
 #include "../common/error.h"
 #include "../common/parse.h"
 #include "../store/staging.h"
+#include "../store/store.h"
 #include "lease.h"
 
 void ckpt_lease_describe_holder(const char *program, char *out, size_t out_size)
@@ -30,18 +31,10 @@ int ckpt_lease_period(const char *name, double fallback, double min, double max,
     return TP_OK;
 }
 
-/* Whether a read's failure is the object changing under it: torn
- * (TP_ERR_FORMAT), rewritten between its HEAD and its GET (TP_ERR_CHECKSUM:
- * 412 to If-Match), or released between them (TP_ERR_NOT_FOUND). */
-static int changed_under_read(int status)
-{
-    return status == TP_ERR_FORMAT || status == TP_ERR_CHECKSUM || status == TP_ERR_NOT_FOUND;
-}
-
 int ckpt_lease_read_settled(ckpt_lease_read_fn read, const char *path, int *found, void *record)
 {
     int status = read(path, found, record);
-    for (int attempt = 1; changed_under_read(status) && attempt < 8 && !store_stopping(); attempt++) {
+    for (int attempt = 1; store_read_changed(status) && attempt < 8 && !store_stopping(); attempt++) {
         sleep_seconds(0.02 * attempt);
         status = read(path, found, record);
     }

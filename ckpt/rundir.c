@@ -91,7 +91,7 @@ static int latest_checkpoint(const store_ops *storage, const char *run_dir, char
     /* Removed meanwhile, damaged, or replaced while it was read (an object
      * store's 412 to If-Match, as a committer moves it): no pointer, so the
      * newest committed step is taken, which a mover names once it is done. */
-    if (status == TP_ERR_NOT_FOUND || status == TP_ERR_FORMAT || status == TP_ERR_CHECKSUM) return TP_OK;
+    if (store_read_changed(status)) return TP_OK;
     TP_TRY(status);
     latest[strcspn(latest, "\r\n")] = '\0';
     if (latest[0] && !strchr(latest, '/') && strcmp(latest, "..") != 0 && strcmp(latest, ".") != 0 &&

@@ -881,8 +881,9 @@ int ckpt_upload_latest(const char *checkpoint_url)
         if (attempt) sleep_seconds(0.25);
         char *seen = NULL;
         status = store_read_text_file(path, CKPT_NAME_MAX + 2, &seen, NULL);
-        int changing = status == TP_ERR_FORMAT || status == TP_ERR_CHECKSUM;
-        if ((status && status != TP_ERR_NOT_FOUND && !changing) || (changing && attempt == LATEST_READ_BACKS - 1))
+        /* Missing: nothing kept (yet), said below after the last read. */
+        if (status && (!store_read_changed(status) ||
+                       (status != TP_ERR_NOT_FOUND && attempt == LATEST_READ_BACKS - 1)))
             return tp_fail_context(status, "%s: reading the run's latest back", checkpoint_url);
         snprintf(kept, sizeof kept, "%s", seen ? seen : "");
         free(seen);

@@ -122,6 +122,11 @@ int store_read_text_file(const char *path, int64_t max_bytes, char **out, int64_
     return store_read_text(storage, path, max_bytes, out, size_out);
 }
 
+int store_read_changed(int status)
+{
+    return status == TP_ERR_FORMAT || status == TP_ERR_CHECKSUM || status == TP_ERR_NOT_FOUND;
+}
+
 int store_check_kept(const char *url, const void *data, int64_t size)
 {
     const store_ops *storage;

@@ -192,6 +192,13 @@ int store_write_file_atomic(const store_ops *storage, const char *dir, const cha
 int store_read_text(const store_ops *storage, const char *path, int64_t max_bytes, char **out, int64_t *size_out);
 /* store_read_text in the store of the path (store_for): a local file or a URL. */
 int store_read_text_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out);
+/* Whether a read of a small file a writer replaces (a lease, a claim, a
+ * run's latest) failed as the file changing under it: torn, as a server
+ * rewriting it in place serves it (TP_ERR_FORMAT); replaced between the
+ * read's HEAD and its GET (TP_ERR_CHECKSUM, an object store's 412 to
+ * If-Match); or removed between them (TP_ERR_NOT_FOUND). Another read may
+ * find it whole; a store's own failure (TP_ERR_IO) is no such change. */
+int store_read_changed(int status);
 /* A whole file of any bytes (up to max_bytes) of the store of the path
  * into a malloc'ed buffer, a NUL after its *size_out bytes. */
 int store_read_file(const char *path, int64_t max_bytes, char **out, int64_t *size_out);
