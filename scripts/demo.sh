@@ -27,6 +27,10 @@ set -eu
 cd "$(dirname "$0")/.."
 BIN=${BUILD:-build}/bin
 OUT=${DEMO_OUT:-demo-run}
+# The Python of the checks: Debian's, with torch, h5py and numpy; TP_PYTHON
+# names another (tests/e2e/test_demo.sh's, which forks each from one that
+# imported them once).
+PY=${TP_PYTHON:-/usr/bin/python3}
 MODEL="--layers 12 --dim 768 --heads 12 --vocab 50257 --seq 1024 --vocab-pad-multiple 128 --dtype bf16 --optim --seed 2024"
 rm -rf "$OUT"
 mkdir -p "$OUT/run"
@@ -52,8 +56,8 @@ say "4. the same model synthesized at tp1pp1: logically identical, bit for bit"
 say "5. flip one byte in a copy: verify names the damaged tensor and file"
 cp -r "$OUT/run/step_00001000" "$OUT/damaged"
 SHARD="$OUT/damaged/shard_pp01_tp02.h5"
-OFFSET=$(/usr/bin/python3 -c 'import h5py, sys; print(h5py.File(sys.argv[1], "r")["tensors/model/layers.9.mlp.fc.weight"].id.get_offset())' "$SHARD")
-/usr/bin/python3 -c 'import sys
+OFFSET=$("$PY" -c 'import h5py, sys; print(h5py.File(sys.argv[1], "r")["tensors/model/layers.9.mlp.fc.weight"].id.get_offset())' "$SHARD")
+"$PY" -c 'import sys
 f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0] ^ 1]))' "$SHARD" $((OFFSET + 4096))
 if "$BIN/tp-ckpt" verify "$OUT/damaged"; then
     echo "demo: verify missed the damage" >&2
@@ -83,15 +87,15 @@ say "8. evaluate the trained model at tp2pp2 and as one process, on the first 40
 "$BIN/tp-train" eval --ckpt "$OUT/train" --data "$OUT/text.bin" --windows 40
 mpirun --oversubscribe -np 4 "$BIN/tp-train" eval --ckpt "$OUT/train" --data "$OUT/text.bin" --windows 40 --tp 2 --pp 2 </dev/null
 LOSS=$("$BIN/tp-train" eval --ckpt "$OUT/train" --data "$OUT/text.bin" --windows 40 --json |
-    /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["loss"])')
+    "$PY" -c 'import json, sys; print(json.load(sys.stdin)["loss"])')
 
 say "9. export for Hugging Face and llama.cpp; an independent parser and PyTorch check them"
 "$BIN/tp-ckpt" export "$OUT/train" --format safetensors -o "$OUT/hf"
 "$BIN/tp-ckpt" export "$OUT/train" --format gguf --dtype bf16 -o "$OUT/model.gguf"
 ls -l "$OUT/hf" "$OUT/model.gguf" | sed 's/^/   /'
-/usr/bin/python3 tests/trainer/check_export.py safetensors "$OUT/hf" "$OUT/train" --data "$OUT/text.bin" --windows 40 \
+"$PY" tests/trainer/check_export.py safetensors "$OUT/hf" "$OUT/train" --data "$OUT/text.bin" --windows 40 \
     --seq 64 --loss "$LOSS" 2>/dev/null
-/usr/bin/python3 tests/trainer/check_export.py gguf "$OUT/model.gguf" "$OUT/train"
+"$PY" tests/trainer/check_export.py gguf "$OUT/model.gguf" "$OUT/train"
 # llama.cpp itself runs the GGUF (its library through node-llama-cpp, which
 # make deps installs): the same loss, but for the bf16 rounding of the weights.
 judged=77
@@ -101,7 +105,7 @@ if command -v node >/dev/null 2>&1; then
         >"$OUT/llama-loss.json" 2>"$OUT/llama.err" || judged=$?
 fi
 case $judged in
-0) /usr/bin/python3 -c 'import json, sys
+0) "$PY" -c 'import json, sys
 ours, theirs = float(sys.argv[2]), json.load(open(sys.argv[1]))["loss"]
 print("   llama.cpp computes a loss of %.6f from the bf16 GGUF; tp-train eval %.6f from the checkpoint (%.1e apart)"
       % (theirs, ours, abs(theirs - ours) / ours))
@@ -135,7 +139,7 @@ WATCHER=$!
 "$BIN/tp-elastic" run --ckpt-dir "$OUT/elastic" --world-file "$OUT/world" --backoff 0.5 --heartbeat-timeout 30 \
     -- "$BIN/tp-train" $ELASTIC_TRAIN --global-batch 12 --micro-batch 4 --quiet \
     --fault die --fault-step 30 --fault-rank 1 --fault-once "$OUT/lost-a-rank" |
-    /usr/bin/python3 -c '
+    "$PY" -c '
 import json, sys
 for line in sys.stdin:
     if not line.startswith("tp-elastic: {"):
@@ -164,15 +168,15 @@ echo "   merged weights: $OUT/elastic-hf; the report's picture: $OUT/elastic-rep
 say "13. a Megatron-LM checkpoint (tp4pp2 with its Adam state, written by PyTorch in Megatron's structure): resharded"
 echo "    to tp2 as Megatron's, proven equal, loaded back by torch.load and merged against PyTorch's unsharded state,"
 echo "    and exported for llama.cpp"
-if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-    /usr/bin/python3 tests/support/megatron_fixture.py "$OUT/megatron" --tp 4 --pp 2 --layers 8 --hidden 256 --heads 8 \
+if "$PY" -c 'import torch' 2>/dev/null; then
+    "$PY" tests/support/megatron_fixture.py "$OUT/megatron" --tp 4 --pp 2 --layers 8 --hidden 256 --heads 8 \
         --ffn 1024 --vocab 1000 --make-vocab-size-divisible-by 64 --optimizer --full "$OUT/megatron-full.pt" >/dev/null
     "$BIN/tp-ckpt" info "$OUT/megatron" | head -7
     "$BIN/tp-reshard" "$OUT/megatron" --from tp4pp2 --to tp2pp1 -o "$OUT/megatron-tp2" --verify
-    /usr/bin/python3 tests/support/megatron_fixture.py --verify "$OUT/megatron-tp2" --full "$OUT/megatron-full.pt"
+    "$PY" tests/support/megatron_fixture.py --verify "$OUT/megatron-tp2" --full "$OUT/megatron-full.pt"
     echo "   exported for llama.cpp (its true 1000-token vocabulary), and the GGUF's weights computing the rank files' logits:"
     "$BIN/tp-ckpt" export "$OUT/megatron-tp2" --format gguf --true-vocab-size 1000 -o "$OUT/megatron.gguf"
-    /usr/bin/python3 tests/support/megatron_fixture.py --logits "$OUT/megatron" "$OUT/megatron.gguf"
+    "$PY" tests/support/megatron_fixture.py --logits "$OUT/megatron" "$OUT/megatron.gguf"
 else
     echo "   skipped: python3-torch is not installed (make deps installs it)"
 fi
@@ -188,29 +192,29 @@ mpirun --oversubscribe -np 4 "$BIN/tp-train" $LLAMA --tp 2 --pp 2 --micro-batch 
 mpirun --oversubscribe -np 2 "$BIN/tp-train" $LLAMA --dp 2 --micro-batch 4 --resume </dev/null |
     awk 'NR <= 3 || /step +(41|60|80)\/|done/'
 LLAMA_LOSS=$("$BIN/tp-train" eval --ckpt "$OUT/llama" --data "$OUT/text.bin" --windows 40 --json |
-    /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["loss"])')
+    "$PY" -c 'import json, sys; print(json.load(sys.stdin)["loss"])')
 "$BIN/tp-ckpt" export "$OUT/llama" --format safetensors -o "$OUT/llama-hf"
 "$BIN/tp-ckpt" export "$OUT/llama" --format gguf --dtype bf16 -o "$OUT/llama.gguf"
-if /usr/bin/python3 -c 'import torch, h5py' 2>/dev/null; then
-    /usr/bin/python3 tests/trainer/check_export.py safetensors "$OUT/llama-hf" "$OUT/llama" --data "$OUT/text.bin" \
+if "$PY" -c 'import torch, h5py' 2>/dev/null; then
+    "$PY" tests/trainer/check_export.py safetensors "$OUT/llama-hf" "$OUT/llama" --data "$OUT/text.bin" \
         --windows 40 --seq 64 --loss "$LLAMA_LOSS"
-    /usr/bin/python3 tests/trainer/check_export.py gguf "$OUT/llama.gguf" "$OUT/llama"
+    "$PY" tests/trainer/check_export.py gguf "$OUT/llama.gguf" "$OUT/llama"
 fi
 "$BIN/tp-train" generate --ckpt "$OUT/llama" --prompt "The checkpoint " --tokens 160 --seed 1
 
 say "15. PyTorch distributed checkpoints: the Llama written as DCP at tp2pp2, which PyTorch's own"
 echo "    torch.distributed.checkpoint loads whole and sharded over 2 ranks; a Megatron-Core torch_dist checkpoint read"
 echo "    (its stacked layers one tensor each) and written as a legacy Megatron one, checked against the model"
-if /usr/bin/python3 -c 'import torch, h5py' 2>/dev/null; then
-    DIALECT=$(/usr/bin/python3 -c 'import torch.distributed.checkpoint' 2>/dev/null && echo 2 || echo 1.13)
+if "$PY" -c 'import torch, h5py' 2>/dev/null; then
+    DIALECT=$("$PY" -c 'import torch.distributed.checkpoint' 2>/dev/null && echo 2 || echo 1.13)
     "$BIN/tp-reshard" "$OUT/llama" --format dcp --dcp-torch "$DIALECT" --to tp2pp2 -o "$OUT/llama-dcp" --verify
-    /usr/bin/python3 tests/formats/dcp_torch.py compare-ckpt "$OUT/llama-dcp" "$OUT/llama" --ranks 2 --described 2>/dev/null
-    /usr/bin/python3 tests/support/megatron_dist_fixture.py "$OUT/torch-dist" --names core --tp 2 --pp 2 --layers 8 \
+    "$PY" tests/formats/dcp_torch.py compare-ckpt "$OUT/llama-dcp" "$OUT/llama" --ranks 2 --described 2>/dev/null
+    "$PY" tests/support/megatron_dist_fixture.py "$OUT/torch-dist" --names core --tp 2 --pp 2 --layers 8 \
         --hidden 256 --heads 8 --ffn 1024 --vocab 1000 --make-vocab-size-divisible-by 64 --dtype bf16 --swiglu \
         --full "$OUT/torch-dist-full.pt" >/dev/null 2>&1
     "$BIN/tp-ckpt" info "$OUT/torch-dist" | head -4
     "$BIN/tp-reshard" "$OUT/torch-dist" --format megatron --to tp4pp1 -o "$OUT/torch-dist-legacy" --verify
-    /usr/bin/python3 tests/support/megatron_fixture.py --verify "$OUT/torch-dist-legacy" --full "$OUT/torch-dist-full.pt"
+    "$PY" tests/support/megatron_fixture.py --verify "$OUT/torch-dist-legacy" --full "$OUT/torch-dist-full.pt"
 else
     echo "   skipped: python3-torch is not installed (make deps installs it)"
 fi

@@ -32,6 +32,21 @@ server_pid() { "$WORK/own" "$PYFORK" -c 'import os; print(os.getppid())'; }
 first=$(server_pid)
 check_all "a server answers (pid $first)" '[ -n "$first" ] && [ "$first" != "$$" ]'
 
+# A file a command leaves open is written when it ends, as python3's end
+# closes it: in a -c command and in a script.
+# (A forked command ended with os._exit, which dropped the file's buffer:
+# make demo's one-byte flip, run through the server, was never written.)
+printf '%s\n' 'import sys' 'f = open(sys.argv[1], "w")' 'f.write("left open")' >"$WORK/open.py"
+for runner in real server; do
+    case $runner in real) py="$REAL" ;; server) py="$WORK/own $PYFORK" ;; esac
+    $py -c 'import sys; f = open(sys.argv[1], "w"); f.write("left open")' "$WORK/$runner-c"
+    $py "$WORK/open.py" "$WORK/$runner-script"
+    for form in c script; do
+        check "$runner python: a file a command ($form) leaves open is written when it ends" \
+            [ "$(cat "$WORK/$runner-$form" 2>/dev/null)" = "left open" ]
+    done
+done
+
 # A raw client (client.py SOCK CODE MODE [NAME=VALUE]): its request (-c
 # CODE, the environment with NAME=VALUE put in), then, by MODE: "gone",
 # away at once, before the server's answer; "badkill", after the "pid"

@@ -223,6 +223,7 @@ def run_command(cwd, argv, env, fds, defaults):
         # may have asked for the server's (the run's server serves every test).
         tempfile.tempdir = None
         apply_thread_counts(env, defaults)
+        command_globals = {}
         if argv[0] == "-c":
             sys.argv = ["-c"] + argv[2:]
             sys.path[0] = ""
@@ -241,7 +242,8 @@ def run_command(cwd, argv, env, fds, defaults):
             else:
                 module = types.ModuleType("__main__")
                 sys.modules["__main__"] = module
-                exec(compile(code_text, name, "exec"), module.__dict__)
+                command_globals = module.__dict__
+                exec(compile(code_text, name, "exec"), command_globals)
             code = 0
         except SystemExit as e:
             if e.code is None:
@@ -261,6 +263,13 @@ def run_command(cwd, argv, env, fds, defaults):
             atexit._run_exitfuncs()
         except BaseException:
             traceback.print_exc()
+        # Then, as an interpreter's end does, the command's globals go and
+        # what only they (or cycles) held is finalized: a file the command
+        # left open is flushed and closed, where os._exit below would drop
+        # its buffer (make demo's one-byte flip, written by a file never
+        # closed, was lost). A script's globals went with run_path's module.
+        command_globals.clear()
+        gc.collect()
     except BaseException:
         traceback.print_exc()
     finally:
