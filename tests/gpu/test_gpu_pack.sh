@@ -11,7 +11,7 @@
 # neither cuBLAS nor NCCL is there. Needs a CUDA build, dpkg, and the right
 # to make a mount namespace and change root (root, or an unprivileged user
 # namespace); skipped, saying why, without them.
-# takes: about 120 s alone on 2 cores, 300-400 s beside two other tests (scripts/run-tests.py orders by it)
+# takes: about 180 s alone on 2 cores, 400-700 s beside two other tests (scripts/run-tests.py orders by it)
 # tier: full
 . "$(dirname "$0")/../e2e/lib.sh"
 

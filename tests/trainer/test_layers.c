@@ -10,15 +10,27 @@
 
 static void run_at(int ranks)
 {
-    char self[PATH_MAX] = "", command[PATH_MAX + 128];
+    char self[PATH_MAX] = "", session[PATH_MAX], command[3 * PATH_MAX + 256];
     cr_assert(readlink("/proc/self/exe", self, sizeof self - 1) > 0);
+    /* A TMPDIR of its own for each launch's Open MPI session directory:
+     * Criterion runs these tests at once, and mpiruns that create the same
+     * TMPDIR/ompi.HOST.UID at one instant race in Open MPI 4 (one failed
+     * with "A call to mkdir was unable to create the desired directory ...
+     * File exists", orte_init failed: 3 of 240 launches, 4 at a time, in a
+     * fresh TMPDIR; 0 of 240 each in its own). */
+    const char *tmp = getenv("TMPDIR");
+    snprintf(session, sizeof session, "%s/layers-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    cr_assert_not_null(mkdtemp(session), "mkdtemp %s", session);
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     /* Containers often forbid Open MPI's cross-process memory copies. */
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
     /* hwloc's PCI discovery, slow in virtual machines (tests/e2e/lib.sh use_open_mpi). */
     setenv("HWLOC_COMPONENTS", "-pci,-linuxio", 1);
-    snprintf(command, sizeof command, "mpirun --oversubscribe -np %d '%s/layer_check' </dev/null >/dev/null", ranks, dirname(self));
+    snprintf(command, sizeof command,
+             "TMPDIR='%s' mpirun --oversubscribe -np %d '%s/layer_check' </dev/null >/dev/null; status=$?; "
+             "rm -rf '%s'; exit $status",
+             session, ranks, dirname(self), session);
     cr_assert_eq(system(command), 0, "layer_check at tp=%d: a parallel layer differs from its dense version", ranks);
 }
 
