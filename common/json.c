@@ -183,6 +183,183 @@ int tp_json_parse(const char *text, size_t length, const char *what, struct cJSO
     return TP_OK;
 }
 
+/* ------------------------------------------ an object's array read element by element */
+
+/* tp_json_parse_deferring finds where the deferred array's elements lie by
+ * their delimiters alone, then has cJSON parse the rest of the object (the
+ * array emptied) and, later, each element: the object with its elements put
+ * back is valid JSON exactly when those parses succeed, since between the
+ * elements only white space and commas were let through. */
+
+/* White space as cJSON skips it: every byte up to 32. */
+static int is_space(char c)
+{
+    return (unsigned char)c <= 32;
+}
+
+static size_t skip_space(const char *text, size_t length, size_t i)
+{
+    while (i < length && is_space(text[i])) i++;
+    return i;
+}
+
+/* One past the closing quote of the string opening at text[i], or 0. */
+static size_t string_end(const char *text, size_t length, size_t i)
+{
+    for (i++; i < length; i++) {
+        if (text[i] == '\\') i++;
+        else if (text[i] == '"') return i + 1;
+    }
+    return 0;
+}
+
+/* One past the end of the value starting at text[i]: a string to its closing
+ * quote, an object or array to its matching bracket, anything else (a number,
+ * true, false, null) to the next delimiter; 0 where it does not end. */
+static size_t value_end(const char *text, size_t length, size_t i)
+{
+    if (i >= length) return 0;
+    if (text[i] == '"') return string_end(text, length, i);
+    if (text[i] == '{' || text[i] == '[') {
+        size_t depth = 0;
+        for (; i < length; i++) {
+            char c = text[i];
+            if (c == '"') {
+                size_t end = string_end(text, length, i);
+                if (!end) return 0;
+                i = end - 1;
+            } else if (c == '{' || c == '[') {
+                depth++;
+            } else if ((c == '}' || c == ']') && --depth == 0) {
+                return i + 1;
+            }
+        }
+        return 0;
+    }
+    size_t start = i;
+    while (i < length && text[i] != ',' && text[i] != '}' && text[i] != ']' && !is_space(text[i])) i++;
+    return i > start ? i : 0;
+}
+
+/* Whether the string at text[start, end) says `name` once its escapes are
+ * read (cJSON's reading: "tens\u006frs" is "tensors"). */
+static int key_is(const char *text, size_t start, size_t end, const char *name)
+{
+    if (!memchr(text + start, '\\', end - start))
+        return end - start == strlen(name) + 2 && !memcmp(text + start + 1, name, end - start - 2);
+    cJSON *key = cJSON_ParseWithLength(text + start, end - start);
+    int same = cJSON_IsString(key) && !strcmp(key->valuestring, name);
+    cJSON_Delete(key);
+    return same;
+}
+
+/* Finds the array under the object's first member `name`: its brackets at
+ * text[*open] and text[*close], its elements' spans. 1 when found, 0 when the
+ * object has no such member (or it is no array, or the text is not an object
+ * as far as the delimiters show: the caller's whole parse says so), -1 out of
+ * memory. */
+static int find_deferred(const char *text, size_t length, const char *name, size_t *open, size_t *close,
+                         tp_json_span **spans, int64_t *count)
+{
+    size_t i = length >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3) ? 3 : 0; /* a byte-order mark, which cJSON skips */
+    i = skip_space(text, length, i);
+    if (i >= length || text[i] != '{') return 0;
+    for (i = skip_space(text, length, i + 1); i < length && text[i] == '"';) {
+        size_t key_end = string_end(text, length, i);
+        if (!key_end) return 0;
+        int wanted = key_is(text, i, key_end, name);
+        size_t at = skip_space(text, length, key_end);
+        if (at >= length || text[at] != ':') return 0;
+        at = skip_space(text, length, at + 1);
+        size_t end = value_end(text, length, at);
+        if (!end) return 0;
+        if (wanted) {
+            if (text[at] != '[') return 0;
+            *open = at;
+            *close = end - 1;
+            int64_t capacity = 0;
+            for (size_t e = skip_space(text, length, at + 1); e < *close;) {
+                size_t element_end = value_end(text, length, e);
+                if (!element_end || element_end > *close) return 0;
+                if (*count == capacity) {
+                    capacity = capacity ? 2 * capacity : 64;
+                    tp_json_span *grown = realloc(*spans, (size_t)capacity * sizeof *grown);
+                    if (!grown) return -1;
+                    *spans = grown;
+                }
+                (*spans)[(*count)++] = (tp_json_span){e, element_end - e};
+                e = skip_space(text, length, element_end);
+                if (e < *close && text[e] != ',') return 0;
+                if (e < *close) {
+                    e = skip_space(text, length, e + 1);
+                    if (e >= *close) return 0; /* a comma before the closing bracket */
+                }
+            }
+            return 1;
+        }
+        i = skip_space(text, length, end);
+        if (i >= length || text[i] != ',') return 0;
+        i = skip_space(text, length, i + 1);
+    }
+    return 0;
+}
+
+int tp_json_parse_deferring(const char *text, size_t length, const char *what, const char *deferred,
+                            struct cJSON **out, tp_json_span **spans, int64_t *count)
+{
+    *out = NULL;
+    *spans = NULL;
+    *count = 0;
+    size_t open = 0, close = 0;
+    int found = first_nul(text, length) < 0 ? find_deferred(text, length, deferred, &open, &close, spans, count) : 0;
+    if (found < 0) {
+        free(*spans);
+        *spans = NULL;
+        *count = 0;
+        return tp_fail(TP_ERR_NOMEM, "%s: out of memory listing the elements of its '%s'", what, deferred);
+    }
+    if (!found) {
+        free(*spans);
+        *spans = NULL;
+        *count = 0;
+        int status = tp_json_parse(text, length, what, out);
+        /* Found by the delimiters wherever cJSON reads it as an array. */
+        const cJSON *member = status ? NULL : cJSON_GetObjectItemCaseSensitive(*out, deferred);
+        if (cJSON_IsArray(member) && cJSON_GetArraySize(member) > 0) {
+            cJSON_Delete(*out);
+            *out = NULL;
+            return tp_fail(TP_ERR_STATE, "%s: its array '%s' was not found element by element (a defect of this "
+                           "build)", what, deferred);
+        }
+        return status;
+    }
+    /* The object with the array emptied: text[0, open] then text[close, length). */
+    size_t rest_length = open + 1 + (length - close);
+    char *rest = malloc(rest_length);
+    if (!rest) {
+        free(*spans);
+        *spans = NULL;
+        *count = 0;
+        return tp_fail(TP_ERR_NOMEM, "%s: out of memory", what);
+    }
+    memcpy(rest, text, open + 1);
+    memcpy(rest + open + 1, text + close, length - close);
+    int status = tp_json_parse(rest, rest_length, what, out);
+    free(rest);
+    if (status) {
+        free(*spans);
+        *spans = NULL;
+        *count = 0;
+        /* Said of the whole text, where its line and column are. */
+        cJSON *whole = NULL;
+        int whole_status = tp_json_parse(text, length, what, &whole);
+        cJSON_Delete(whole);
+        if (whole_status) return whole_status;
+        return status;
+    }
+    return TP_OK;
+}
+
 int64_t tp_utf8_invalid_at(const char *text, size_t length)
 {
     const unsigned char *s = (const unsigned char *)text;

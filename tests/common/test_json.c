@@ -152,3 +152,162 @@ Test(text_escape, bytes_outside_printable_ascii_are_escaped_whole)
     tp_text_escape("ab\xff", 3, out, 5); /* room for "ab" and not the whole escape */
     cr_assert_str_eq(out, "ab");
 }
+
+/* ------------------------------------------------ tp_json_parse_deferring */
+
+/* The deferred array's elements parsed one by one and put back: the tree a
+ * whole parse gives, or NULL where an element does not parse. */
+static cJSON *put_back(const char *text, cJSON *rest, const char *member, const tp_json_span *spans, int64_t count)
+{
+    cJSON *array = cJSON_GetObjectItemCaseSensitive(rest, member);
+    for (int64_t k = 0; k < count; k++) {
+        cJSON *element = NULL;
+        if (tp_json_parse(text + spans[k].offset, spans[k].length, "element", &element)) {
+            cJSON_Delete(rest);
+            return NULL;
+        }
+        cJSON_AddItemToArray(array, element);
+    }
+    return rest;
+}
+
+Test(json_deferring, each_element_is_found_where_it_lies)
+{
+    static const char text[] = "\xEF\xBB\xBF { \"format\": \"x\", \"a\": [\"]\", {\"tensors\": [9]}],\n"
+                               "\t\"tensors\" : [ {\"name\": \"q\\\"]}\", \"shape\": [2, [3]]} ,\r\n7,\"s\\\\\" , null,"
+                               "[], {}\x01] ,\"seal\": \"x\"}\n";
+    static const char *const elements[] = {"{\"name\": \"q\\\"]}\", \"shape\": [2, [3]]}", "7", "\"s\\\\\"", "null",
+                                           "[]", "{}"};
+    cJSON *rest = NULL;
+    tp_json_span *spans = NULL;
+    int64_t count = 0;
+    cr_assert_eq(tp_json_parse_deferring(text, strlen(text), "index.json", "tensors", &rest, &spans, &count), TP_OK,
+                 "%s", tp_errmsg());
+    cr_assert_eq(count, 6);
+    for (int k = 0; k < 6; k++)
+        cr_assert(spans[k].length == strlen(elements[k]) && !memcmp(text + spans[k].offset, elements[k],
+                                                                    spans[k].length),
+                  "element %d: '%.*s', expected '%s'", k, (int)spans[k].length, text + spans[k].offset, elements[k]);
+    /* The rest is all there; the array is empty, the one inside "a" kept. */
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(rest, "tensors")), 0);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(rest, "a")), 2);
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(rest, "seal")->valuestring, "x");
+    cJSON *whole = NULL;
+    cr_assert_eq(tp_json_parse(text, strlen(text), "index.json", &whole), TP_OK, "%s", tp_errmsg());
+    rest = put_back(text, rest, "tensors", spans, count);
+    cr_assert(rest && cJSON_Compare(whole, rest, 1));
+    cJSON_Delete(whole);
+    cJSON_Delete(rest);
+    free(spans);
+}
+
+/* The member is named as cJSON reads names; only the object's own member is
+ * taken, never one inside another member's value. */
+Test(json_deferring, the_member_is_the_objects_own_by_its_read_name)
+{
+    static const char escaped[] = "{\"x\": {\"tensors\": [1, 2, 3]}, \"tens\\u006frs\": [4, 5]}";
+    cJSON *rest = NULL;
+    tp_json_span *spans = NULL;
+    int64_t count = 0;
+    cr_assert_eq(tp_json_parse_deferring(escaped, strlen(escaped), "index.json", "tensors", &rest, &spans, &count),
+                 TP_OK, "%s", tp_errmsg());
+    cr_assert_eq(count, 2);
+    cr_assert(!memcmp(escaped + spans[0].offset, "4", 1) && !memcmp(escaped + spans[1].offset, "5", 1));
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(
+                     cJSON_GetObjectItemCaseSensitive(rest, "x"), "tensors")), 3);
+    cJSON_Delete(rest);
+    free(spans);
+    /* Named twice: the first is deferred, and the second is refused as a
+     * key twice, as a whole parse refuses it. */
+    static const char twice[] = "{\"tensors\": [1], \"tensors\": [2]}";
+    cr_assert_eq(tp_json_parse_deferring(twice, strlen(twice), "index.json", "tensors", &rest, &spans, &count),
+                 TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "key tensors appears twice"), "%s", tp_errmsg());
+    cr_assert(!rest && !spans && !count);
+}
+
+/* Without the member as an array, the whole text's tree; nothing deferred. */
+Test(json_deferring, without_the_array_the_whole_tree)
+{
+    static const char *const texts[] = {"{\"files\": [1, 2]}", "{\"tensors\": {\"a\": [1]}}", "{\"tensors\": 3}",
+                                        "{}", "[1, 2]", "\"tensors\""};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        cJSON *rest = NULL, *whole = NULL;
+        tp_json_span *spans = NULL;
+        int64_t count = 0;
+        cr_assert_eq(tp_json_parse_deferring(texts[i], strlen(texts[i]), "t", "tensors", &rest, &spans, &count),
+                     TP_OK, "%s: %s", texts[i], tp_errmsg());
+        cr_assert(!spans && !count, "%s", texts[i]);
+        cr_assert_eq(tp_json_parse(texts[i], strlen(texts[i]), "t", &whole), TP_OK);
+        cr_assert(cJSON_Compare(whole, rest, 1), "%s", texts[i]);
+        cJSON_Delete(whole);
+        cJSON_Delete(rest);
+    }
+}
+
+/* Errors are the whole text's: where a parse of it stops, by its line and
+ * column (here past the array, which the rest's text would place elsewhere). */
+Test(json_deferring, errors_are_said_of_the_whole_text)
+{
+    static const char text[] = "{\"tensors\": [1,\n 2,\n 3], \"seal\": x}";
+    cJSON *rest = NULL;
+    tp_json_span *spans = NULL;
+    int64_t count = 0;
+    cr_assert_eq(tp_json_parse_deferring(text, strlen(text), "index.json", "tensors", &rest, &spans, &count),
+                 TP_ERR_FORMAT);
+    cr_assert(strstr(tp_errmsg(), "index.json: not a JSON object: invalid JSON at line 3, column 14"), "%s",
+              tp_errmsg());
+    cr_assert(!rest && !spans && !count);
+}
+
+/* The same texts accepted as by a whole parse, and the same tree: every text
+ * one byte away from a few valid ones (each byte removed, or replaced by each
+ * of JSON's delimiters, a control byte or a letter). Accepted means the rest
+ * and every element parse. */
+Test(json_deferring, accepts_what_a_whole_parse_accepts_and_reads_it_alike)
+{
+    static const char *const seeds[] = {
+        "{\"f\": [1, {\"g\": \"]\"}], \"tensors\": [{\"n\": \"a\\\"b\", \"s\": [1, [2]]}, [3, 4], \"x\", 5e3, true],"
+        " \"z\": {}}",
+        "\xEF\xBB\xBF{\"tensors\":[[],{},\"\\\\\"]}",
+        "{ \"a\" : null , \"tensors\" : [ 1 , 2 ] }",
+    };
+    static const char replacements[] = "{}[],:\"\\ \x01\nax0";
+    int64_t compared = 0, accepted = 0;
+    for (size_t s = 0; s < sizeof seeds / sizeof seeds[0]; s++) {
+        size_t n = strlen(seeds[s]);
+        char *text = malloc(n + 1);
+        for (size_t at = 0; at < n; at++)
+            for (size_t r = 0; r <= sizeof replacements - 1; r++) {
+                size_t length = n;
+                memcpy(text, seeds[s], n);
+                if (r == sizeof replacements - 1) { /* the byte removed */
+                    memmove(text + at, text + at + 1, n - at - 1);
+                    length--;
+                } else {
+                    text[at] = replacements[r];
+                }
+                cJSON *whole = NULL, *rest = NULL;
+                tp_json_span *spans = NULL;
+                int64_t count = 0;
+                int whole_status = tp_json_parse(text, length, "t", &whole);
+                int status = tp_json_parse_deferring(text, length, "t", "tensors", &rest, &spans, &count);
+                cr_assert_neq(status, TP_ERR_STATE, "'%.*s': %s", (int)length, text, tp_errmsg());
+                if (!status) rest = put_back(text, rest, "tensors", spans, count);
+                cr_assert_eq(!whole_status, rest != NULL, "'%.*s': a whole parse %s it, element by element %s",
+                             (int)length, text, whole_status ? "refuses" : "accepts", rest ? "accepted" : "refused");
+                if (rest) {
+                    cr_assert(cJSON_Compare(whole, rest, 1), "'%.*s' read otherwise", (int)length, text);
+                    accepted++;
+                }
+                compared++;
+                cJSON_Delete(whole);
+                cJSON_Delete(rest);
+                free(spans);
+            }
+        free(text);
+    }
+    /* Both sides of the comparison were met. */
+    cr_assert(accepted > 50 && compared - accepted > 500, "%lld of %lld accepted", (long long)accepted,
+              (long long)compared);
+}
