@@ -14,7 +14,7 @@ typedef struct {
     int64_t bytes;
     int file; /* the shard file: pieces are checked file by file, front to back */
     int status;
-    char message[1024];
+    char *message; /* a damaged piece's (malloc'ed): a buffer for every piece took 1 KiB each, 43 MB for 41,505 */
 } piece_check;
 
 typedef struct {
@@ -46,10 +46,9 @@ static int verify_one(void *ctx, int64_t i, int thread)
     verify_job *job = ctx;
     piece_check *check = &job->checks[i];
     if (atomic_load(&job->store_failed)) {
-        check->status = TP_ERR_IO;
-        snprintf(check->message, sizeof check->message,
-                 "%s: not read: the store failed an earlier piece through every retry (TP_REMOTE_RETRIES)",
-                 ckpt_reader_path(job->reader));
+        check->status = tp_fail(TP_ERR_IO, "%s: not read: the store failed an earlier piece through every retry "
+                                "(TP_REMOTE_RETRIES)", ckpt_reader_path(job->reader));
+        if (!(check->message = strdup(tp_errmsg()))) return tp_fail(TP_ERR_NOMEM, "out of memory verifying");
         if (job->options->progress) job->options->progress(job->options->progress_ctx, check->bytes);
         return TP_OK;
     }
@@ -58,7 +57,8 @@ static int verify_one(void *ctx, int64_t i, int thread)
     if (!check->status) check->status = ckpt_reader_check_padding(job->reader, check->tensor, check->piece);
     if (!check->status) check->status = ckpt_reader_check_replicas(job->reader, check->tensor, check->piece);
     if (check->status && job->remote && store_requests_given_up() > given_up_before) atomic_store(&job->store_failed, 1);
-    if (check->status) snprintf(check->message, sizeof check->message, "%s", tp_errmsg());
+    if (check->status && !(check->message = strdup(tp_errmsg())))
+        return tp_fail(TP_ERR_NOMEM, "out of memory verifying");
     if (job->options->progress) job->options->progress(job->options->progress_ctx, check->bytes);
     return TP_OK; /* keep going: every damaged piece is reported */
 }
@@ -79,7 +79,7 @@ int ckpt_verify(ckpt_reader *r, const ckpt_verify_options *options, ckpt_verify_
         for (int p = 0; p < ckpt_piece_count(ckpt_reader_tensor(r, t), layout->tp); p++) {
             ckpt_piece_info info;
             ckpt_reader_piece_info(r, t, p, &info);
-            job.checks[k++] = (piece_check){t, p, info.bytes, info.pp * layout->tp + info.tp, 0, ""};
+            job.checks[k++] = (piece_check){t, p, info.bytes, info.pp * layout->tp + info.tp, 0, NULL};
             out->bytes += info.bytes;
         }
     /* Threads take neighbouring pieces of one file, so the disk sees one stream. */
@@ -93,9 +93,10 @@ int ckpt_verify(ckpt_reader *r, const ckpt_verify_options *options, ckpt_verify_
             const piece_check *c = &job.checks[i];
             if (!c->status) continue;
             out->damage[d] = (ckpt_damage){c->tensor, c->piece, c->status, ""};
-            memcpy(out->damage[d++].message, c->message, sizeof c->message);
+            snprintf(out->damage[d++].message, sizeof out->damage->message, "%s", c->message);
         }
     }
+    for (int64_t i = 0; i < out->pieces; i++) free(job.checks[i].message);
     free(job.checks);
     if (status) ckpt_verify_result_free(out);
     return status;
