@@ -70,6 +70,11 @@ typedef struct {
      * a MiB for each open file (its metadata cache's hash table): verify held
      * 16 MiB of handles for 32 files it had finished with. */
     int64_t pieces, pieces_loaded;
+    /* Its HDF5 handle closed to make room (HDF5_HANDLES_MAX) while pieces
+     * remain to load: opened again, unchecked (checked at first open), when
+     * one is; and when it was last used, to close the least recent. */
+    int parked;
+    uint64_t used_at;
 } file_runtime;
 
 struct ckpt_reader {
@@ -90,7 +95,16 @@ struct ckpt_reader {
     int64_t permuted_rows_bytes; /* those rows' buffer a thread holds at most (0: no box stored permuted) */
     uint64_t index_digest;  /* XXH64 of the index text read at open (ckpt_reader_changed) */
     int64_t index_size;
+    int hdf5_handles;       /* files' HDF5 handles open now (at most HDF5_HANDLES_MAX) */
+    uint64_t hdf5_clock;    /* counts HDF5 uses: file_runtime.used_at */
 };
+
+/* HDF5 handles a reader keeps open at once (about 0.8 MiB each): a handle
+ * serves only to load a file's pieces, and a tool reading some tensors of
+ * every file (an export takes the weights, not the optimizer's moments)
+ * kept all of them: 32 files took `tp-ckpt export --memory-limit 56M` to
+ * 63 MiB. Readers going tensor by tensor use a stage's tp files at once. */
+#define HDF5_HANDLES_MAX 16
 
 void ckpt_read_options_init(ckpt_read_options *options)
 {
@@ -315,6 +329,33 @@ uint64_t ckpt_reader_digest(const ckpt_reader *r, int i)
 
 static int open_file_once(ckpt_reader *r, int f);
 
+static void hdf5_close(ckpt_reader *r, file_runtime *fr, int parked)
+{
+    H5Fclose(fr->file);
+    fr->file = 0;
+    fr->parked = parked;
+    r->hdf5_handles--;
+}
+
+/* Opens fr's file with HDF5, first closing the least recently used handle
+ * of another file where HDF5_HANDLES_MAX are open. */
+static hid_t hdf5_open(ckpt_reader *r, file_runtime *fr)
+{
+    if (r->hdf5_handles >= HDF5_HANDLES_MAX) {
+        file_runtime *oldest = NULL;
+        for (int f = 0; f < r->index.num_files; f++) {
+            file_runtime *other = &r->files[f];
+            if (other != fr && other->file > 0 && (!oldest || other->used_at < oldest->used_at)) oldest = other;
+        }
+        if (oldest) hdf5_close(r, oldest, 1);
+    }
+    fr->used_at = ++r->hdf5_clock;
+    hid_t fapl = ckpt_h5_file_access();
+    hid_t file = fapl >= 0 ? H5Fopen(fr->path, H5F_ACC_RDONLY, fapl) : -1;
+    if (fapl >= 0) H5Pclose(fapl);
+    return file;
+}
+
 /* A local checkpoint read through its index alone (ckpt_read_options
  * through_index): from format 1.3 on, where the index records every
  * piece's extents and block checksums' place (1.2), every file's metadata
@@ -407,9 +448,7 @@ static int open_file_once(ckpt_reader *r, int f)
         fr->file = 0;
         return TP_OK;
     }
-    hid_t fapl = ckpt_h5_file_access();
-    hid_t file = fapl >= 0 ? H5Fopen(fr->path, H5F_ACC_RDONLY, fapl) : -1;
-    if (fapl >= 0) H5Pclose(fapl);
+    hid_t file = hdf5_open(r, fr);
     if (file < 0) return ckpt_fail_hdf5("%s: cannot open shard file (damaged?)", fr->path);
     int64_t version[2] = {0, 0}, coords[2] = {-1, -1}, complete = 0, dp = 0; /* shard_dp: 1.6 data-parallel files only */
     int n = 0;
@@ -439,6 +478,7 @@ static int open_file_once(ckpt_reader *r, int f)
         return status;
     }
     fr->file = file;
+    r->hdf5_handles++;
     return TP_OK;
 }
 
@@ -566,6 +606,14 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
     }
     file_runtime *fr = &r->files[ip->file_index];
     if (!r->storage->local_paths || fr->through_index) return load_piece_from_index(r, i, piece, pr);
+    if (fr->parked) { /* closed to make room: the same file, held by this reader's lock, checked at first open */
+        hid_t file = hdf5_open(r, fr);
+        if (file < 0) return ckpt_fail_hdf5("%s: cannot open shard file again", fr->path);
+        fr->file = file;
+        fr->parked = 0;
+        r->hdf5_handles++;
+    }
+    fr->used_at = ++r->hdf5_clock;
     char where[CKPT_PATH_MAX + CKPT_NAME_MAX + 32], path[CKPT_NAME_MAX + 32];
     snprintf(where, sizeof where, "%s: tensor %s piece %d", fr->path, t->name, piece);
     snprintf(path, sizeof path, "/%s/%s", CKPT_TENSOR_GROUP, t->name);
@@ -657,10 +705,7 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
     }
     if (sums >= 0) H5Dclose(sums);
     status = finish_piece(pr, ip, status, where);
-    if (!status && ++fr->pieces_loaded == fr->pieces) { /* HDF5 has nothing more to find in it */
-        H5Fclose(fr->file);
-        fr->file = 0;
-    }
+    if (!status && ++fr->pieces_loaded == fr->pieces) hdf5_close(r, fr, 0); /* HDF5 has nothing more to find */
     return status;
 }
 

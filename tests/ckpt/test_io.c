@@ -319,6 +319,48 @@ Test(io, verify_holds_little_per_piece_and_no_finished_file)
     ckpt_reader_close(r);
 }
 
+/* A reader keeps at most 16 HDF5 handles open (about 0.8 MiB each): an
+ * export reads every file's weights and leaves its optimizer's pieces
+ * unloaded, so each of 32 files' handles stayed open (63 MiB at
+ * --memory-limit 56M). Tensors read stage after stage, over 32 files, come
+ * back whole, with handles closed and opened again as they go round. */
+Test(io, hdf5_handles_stay_few_and_reopen)
+{
+    enum { STAGES = 8, TENSORS = 3 * STAGES };
+    char path[600];
+    snprintf(path, sizeof path, "%s/step_00000001", dir);
+    ckpt_layout layout = {4, STAGES, 1, STAGES, 1};
+    test_tensor t[TENSORS];
+    static float data[TENSORS][8 * 4];
+    memset(t, 0, sizeof t);
+    for (int i = 0; i < TENSORS; i++) {
+        for (int e = 0; e < 8 * 4; e++) data[i][e] = (float)(i * 100 + e);
+        snprintf(t[i].name, sizeof t[i].name, "model/t%02d.weight", i);
+        t[i].desc = (ckpt_tensor_desc){.name = t[i].name, .dtype = TP_FP32, .ndim = 2, .shape = {8, 4},
+                                       .anchor = CKPT_ANCHOR_LAYER, .layer = i % STAGES};
+        t[i].desc.partition = (ckpt_partition){CKPT_SPLIT, 0, 0, {0}, 0, 0, 0};
+        t[i].logical = (uint8_t *)data[i];
+    }
+    write_tensors(path, &layout, t, TENSORS, 0, 1);
+    ckpt_reader *r;
+    cr_assert_eq(ckpt_reader_open(&r, path, NULL), TP_OK, "%s", tp_errmsg());
+    /* Twice round the stages, skipping the last third (as an export skips
+     * the moments): no file's pieces all loaded, so none closed for that. */
+    ssize_t most = 0;
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < 2 * STAGES; i++) {
+            int k = ckpt_reader_find(r, t[i].name);
+            float got[8 * 4];
+            int64_t start[2] = {0, 0}, count[2] = {8, 4};
+            cr_assert_eq(ckpt_reader_read_region(r, k, start, count, got, sizeof got), TP_OK, "%s", tp_errmsg());
+            cr_assert(!memcmp(got, data[i], sizeof got), "%s read back otherwise", t[i].name);
+            ssize_t open_now = H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_FILE);
+            if (open_now > most) most = open_now;
+        }
+    cr_assert_eq(most, 16, "at most 16 of the 32 files open with HDF5 at once, and all 16 used: %zd", most);
+    ckpt_reader_close(r);
+}
+
 /* The first progress call: a request to an object store given up on
  * (nothing listens on port 1, and TP_REMOTE_RETRIES=0), as a thread of the
  * process other than verify's makes one (a lease's renewal, an upload). */
