@@ -70,11 +70,7 @@ typedef struct {
      * a MiB for each open file (its metadata cache's hash table): verify held
      * 16 MiB of handles for 32 files it had finished with. */
     int64_t pieces, pieces_loaded;
-    /* Its HDF5 handle closed to make room (HDF5_HANDLES_MAX) while pieces
-     * remain to load: opened again, unchecked (checked at first open), when
-     * one is; and when it was last used, to close the least recent. */
-    int parked;
-    uint64_t used_at;
+    uint64_t used_at; /* when its HDF5 handle was last used: the least recent is closed first (HDF5_HANDLES_MAX) */
 } file_runtime;
 
 struct ckpt_reader {
@@ -329,11 +325,10 @@ uint64_t ckpt_reader_digest(const ckpt_reader *r, int i)
 
 static int open_file_once(ckpt_reader *r, int f);
 
-static void hdf5_close(ckpt_reader *r, file_runtime *fr, int parked)
+static void hdf5_close(ckpt_reader *r, file_runtime *fr)
 {
     H5Fclose(fr->file);
     fr->file = 0;
-    fr->parked = parked;
     r->hdf5_handles--;
 }
 
@@ -347,9 +342,8 @@ static hid_t hdf5_open(ckpt_reader *r, file_runtime *fr)
             file_runtime *other = &r->files[f];
             if (other != fr && other->file > 0 && (!oldest || other->used_at < oldest->used_at)) oldest = other;
         }
-        if (oldest) hdf5_close(r, oldest, 1);
+        if (oldest) hdf5_close(r, oldest);
     }
-    fr->used_at = ++r->hdf5_clock;
     hid_t fapl = ckpt_h5_file_access();
     hid_t file = fapl >= 0 ? H5Fopen(fr->path, H5F_ACC_RDONLY, fapl) : -1;
     if (fapl >= 0) H5Pclose(fapl);
@@ -606,11 +600,12 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
     }
     file_runtime *fr = &r->files[ip->file_index];
     if (!r->storage->local_paths || fr->through_index) return load_piece_from_index(r, i, piece, pr);
-    if (fr->parked) { /* closed to make room: the same file, held by this reader's lock, checked at first open */
+    /* No handle here, with a piece still to load: closed to make room. The
+     * same file (held by this reader's lock), checked at its first open. */
+    if (fr->file == 0) {
         hid_t file = hdf5_open(r, fr);
         if (file < 0) return ckpt_fail_hdf5("%s: cannot open shard file again", fr->path);
         fr->file = file;
-        fr->parked = 0;
         r->hdf5_handles++;
     }
     fr->used_at = ++r->hdf5_clock;
@@ -705,7 +700,7 @@ static int load_piece_locked(ckpt_reader *r, int i, int piece, piece_runtime *pr
     }
     if (sums >= 0) H5Dclose(sums);
     status = finish_piece(pr, ip, status, where);
-    if (!status && ++fr->pieces_loaded == fr->pieces) hdf5_close(r, fr, 0); /* HDF5 has nothing more to find */
+    if (!status && ++fr->pieces_loaded == fr->pieces) hdf5_close(r, fr); /* HDF5 has nothing more to find */
     return status;
 }
 

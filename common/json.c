@@ -304,6 +304,13 @@ static int find_deferred(const char *text, size_t length, const char *name, size
     return 0;
 }
 
+static void forget_spans(tp_json_span **spans, int64_t *count)
+{
+    free(*spans);
+    *spans = NULL;
+    *count = 0;
+}
+
 int tp_json_parse_deferring(const char *text, size_t length, const char *what, const char *deferred,
                             struct cJSON **out, tp_json_span **spans, int64_t *count)
 {
@@ -313,15 +320,11 @@ int tp_json_parse_deferring(const char *text, size_t length, const char *what, c
     size_t open = 0, close = 0;
     int found = first_nul(text, length) < 0 ? find_deferred(text, length, deferred, &open, &close, spans, count) : 0;
     if (found < 0) {
-        free(*spans);
-        *spans = NULL;
-        *count = 0;
+        forget_spans(spans, count);
         return tp_fail(TP_ERR_NOMEM, "%s: out of memory listing the elements of its '%s'", what, deferred);
     }
     if (!found) {
-        free(*spans);
-        *spans = NULL;
-        *count = 0;
+        forget_spans(spans, count);
         int status = tp_json_parse(text, length, what, out);
         /* Found by the delimiters wherever cJSON reads it as an array. */
         const cJSON *member = status ? NULL : cJSON_GetObjectItemCaseSensitive(*out, deferred);
@@ -337,9 +340,7 @@ int tp_json_parse_deferring(const char *text, size_t length, const char *what, c
     size_t rest_length = open + 1 + (length - close);
     char *rest = malloc(rest_length);
     if (!rest) {
-        free(*spans);
-        *spans = NULL;
-        *count = 0;
+        forget_spans(spans, count);
         return tp_fail(TP_ERR_NOMEM, "%s: out of memory", what);
     }
     memcpy(rest, text, open + 1);
@@ -347,9 +348,7 @@ int tp_json_parse_deferring(const char *text, size_t length, const char *what, c
     int status = tp_json_parse(rest, rest_length, what, out);
     free(rest);
     if (status) {
-        free(*spans);
-        *spans = NULL;
-        *count = 0;
+        forget_spans(spans, count);
         /* Said of the whole text, where its line and column are. */
         cJSON *whole = NULL;
         int whole_status = tp_json_parse(text, length, what, &whole);
